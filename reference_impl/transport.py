@@ -1,0 +1,499 @@
+"""The reference ZeroMQ control transport.
+
+Shape (the one DESIGN.md describes, shared by real transports in the field):
+
+- one ROUTER bound on ``host:port`` receives everything addressed to this node;
+- one DEALER per peer sends; its routing identity is this node's
+  ``local_id``, so the remote ROUTER knows who is talking;
+- a socket monitor per DEALER turns TCP disconnects (including heartbeat
+  expiry) into ``alive = False``;
+- ZMTP heartbeats on every socket; MessagePack (msgspec) on the wire.
+
+A node keeps at most one connection per peer, whichever side opened it:
+messages arriving from peer ``P`` are delivered to the node's registered
+connection for ``P``. An inbound connection opens its own DEALER back to the
+peer at once, so both directions are heartbeated and both sides notice a
+partition.
+
+Everything happens inside the caller's :meth:`ZmqTransport.poll`; the
+transport starts no Python threads. Each transport owns its own
+:class:`zmq.Context`, so :meth:`ZmqTransport.close` can release libzmq's I/O
+thread and every descriptor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from reference_impl.interface import (
+    ConnectionDeadError,
+    ControlConnection,
+    ControlTransport,
+    DuplicateConnectionError,
+    Message,
+    MessageTooLargeError,
+    SendQueueFullError,
+    TransportError,
+)
+
+__all__ = ["ZmqConnection", "ZmqTransport", "parse_peer_id"]
+
+_log = logging.getLogger("reference_impl")
+
+#: Defaults, documented in the README. Heartbeats: a PING every second; a peer
+#: silent for 3 s is dead. Reconnect quickly (100 ms) but back off to 1 s, and
+#: give a handshake 3 s instead of libzmq's 30 s so a blackholed reconnect
+#: recovers in bounded time once the fault heals.
+DEFAULT_HEARTBEAT_IVL_MS: Final = 1000
+DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 3000
+DEFAULT_HEARTBEAT_TTL_MS: Final = 3000
+DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_SEND_HWM: Final = 1000
+DEFAULT_RECONNECT_IVL_MS: Final = 100
+DEFAULT_RECONNECT_IVL_MAX_MS: Final = 1000
+DEFAULT_HANDSHAKE_IVL_MS: Final = 3000
+#: Upper bound on messages routed by one poll(), so a flooding peer cannot
+#: keep poll() from returning (SEC-1).
+DEFAULT_POLL_BATCH: Final = 10_000
+
+_MONITOR_EVENTS: Final = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+_TTL_LIMIT_MS: Final = 6_553_500  # ZMQ_HEARTBEAT_TTL is carried in deciseconds (16 bits)
+
+#: Monitor endpoints must never be reused: libzmq releases an inproc address
+#: asynchronously, so a name derived from the peer (or from a file descriptor
+#: number) collides on a fast reconnect (CONN-7). A process-wide counter does not.
+_monitor_serial = itertools.count()
+
+
+def parse_peer_id(peer_id: str) -> tuple[str, int]:
+    """Split ``"host:port"``; raise ``ValueError`` for anything else.
+
+    The port is the text after the last ``:``, so bracketed IPv6 literals
+    (``[::1]:5555``) work.
+    """
+    host, sep, port_text = peer_id.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"peer id must be 'host:port', got {peer_id!r}")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"peer id {peer_id!r}: port out of range")
+    return host, port
+
+
+class ZmqConnection(ControlConnection):
+    """A connection to one peer: a DEALER to send, an inbox the ROUTER fills.
+
+    Created by :class:`ZmqTransport` only. ``mark_dead()`` flips the flag and
+    nothing else; :meth:`close` releases the DEALER and its monitor whatever
+    the flag says (the flag is *not* the guard of ``close()``).
+    """
+
+    def __init__(self, transport: ZmqTransport, peer_id: str, *, inbound: bool) -> None:
+        self._transport = transport
+        self._peer_id = peer_id
+        self.inbound = inbound
+        self._alive = True
+        self._released = False
+        self._inbox: deque[Message] = deque()
+        self._dealer, self._monitor = transport._open_dealer(peer_id)
+
+    # -- the interface ----------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    @property
+    def alive(self) -> bool:
+        return self._alive and not self._released
+
+    def send(self, msg: Message) -> None:
+        """Queue ``msg`` for the peer without ever blocking (MSG-4).
+
+        Raises:
+            ConnectionDeadError: the connection is dead or closed (CONN-6).
+            TypeError: ``msg`` is not a dict or not MessagePack-encodable.
+            MessageTooLargeError: the encoding exceeds ``max_message_bytes``.
+            SendQueueFullError: ``send_hwm`` messages are already queued
+                towards a peer that is not reading; nothing was queued.
+        """
+        if not self.alive:
+            state = "closed" if self._released else "dead"
+            raise ConnectionDeadError(f"send() on {state} connection to {self._peer_id}")
+        payload = self._transport._encode(msg)
+        try:
+            self._dealer.send(payload, zmq.NOBLOCK, copy=len(payload) < 65536)
+        except zmq.Again:
+            raise SendQueueFullError(
+                f"send queue to {self._peer_id} is full ({self._transport.send_hwm} messages); "
+                "the peer is not reading"
+            ) from None
+
+    def recv(self) -> list[Message]:
+        """Everything received since the last call, oldest first (a new list)."""
+        received = list(self._inbox)
+        self._inbox.clear()
+        return received
+
+    def mark_dead(self) -> None:
+        self._alive = False
+
+    def close(self) -> None:
+        self._alive = False
+        self._release()
+        self._transport._forget(self)
+
+    # -- used by the transport --------------------------------------------
+
+    def _deliver(self, msg: Message) -> None:
+        self._inbox.append(msg)
+
+    def _drain_monitor(self) -> None:
+        """Read pending monitor events; a disconnect means the peer is gone."""
+        if self._released:
+            return
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)["event"]
+            if event == zmq.EVENT_DISCONNECTED and self._alive:
+                _log.info("connection to %s lost", self._peer_id)
+                self._alive = False
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        # Stop the monitor, close the monitored socket, then the reader: closing
+        # the reader first can leave libzmq blocked writing monitor events.
+        try:
+            self._dealer.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._dealer.close(linger=0)
+        self._monitor.close(linger=0)
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else ("closed" if self._released else "dead")
+        side = "inbound" if self.inbound else "outbound"
+        return f"<ZmqConnection {side} {self._peer_id} {state}>"
+
+
+class ZmqTransport(ControlTransport):
+    """The reference transport. See the module docstring for the shape.
+
+    Args:
+        local_id: ``"host:port"`` by which other nodes reach this node (used
+            as this node's DEALER routing identity). May differ from the bind
+            address, e.g. with a proxy in between.
+        host, port: where the ROUTER binds.
+        heartbeat_ivl_ms: ZMTP PING interval on every socket.
+        heartbeat_timeout_ms: silence after a PING that kills a connection.
+        heartbeat_ttl_ms: asks the remote to drop us after this much silence
+            (100 ms granularity, at most 6553.5 s).
+        max_message_bytes: size limit of one encoded message. ``send()``
+            refuses larger ones; the ROUTER drops the connection of a peer
+            that sends a larger frame (ZMQ_MAXMSGSIZE).
+        send_hwm: messages queued per peer before ``send()`` raises
+            :class:`SendQueueFullError`.
+        reconnect_ivl_ms, reconnect_ivl_max_ms: libzmq's reconnect backoff.
+        handshake_ivl_ms: how long a ZMTP handshake may take; bounds recovery
+            when a fault swallows the reconnect (libzmq's default is 30 s).
+        poll_batch: most messages one ``poll()`` routes.
+
+    Raises:
+        zmq.ZMQError: binding ``host:port`` failed (e.g. ``EADDRINUSE``); the
+            half-built transport is released first.
+    """
+
+    #: What this transport declares to the conformance suite.
+    zmq_conformance_capabilities: Final = {
+        "max_message_bytes": DEFAULT_MAX_MESSAGE_BYTES,
+        "heartbeat_configurable": True,
+        "detects_peer_close_ms": 2000,
+    }
+
+    def __init__(
+        self,
+        local_id: str,
+        host: str,
+        port: int,
+        *,
+        heartbeat_ivl_ms: int = DEFAULT_HEARTBEAT_IVL_MS,
+        heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        heartbeat_ttl_ms: int = DEFAULT_HEARTBEAT_TTL_MS,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        send_hwm: int = DEFAULT_SEND_HWM,
+        reconnect_ivl_ms: int = DEFAULT_RECONNECT_IVL_MS,
+        reconnect_ivl_max_ms: int = DEFAULT_RECONNECT_IVL_MAX_MS,
+        handshake_ivl_ms: int = DEFAULT_HANDSHAKE_IVL_MS,
+        poll_batch: int = DEFAULT_POLL_BATCH,
+    ) -> None:
+        parse_peer_id(local_id)
+        _require_positive(
+            heartbeat_ivl_ms=heartbeat_ivl_ms,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+            heartbeat_ttl_ms=heartbeat_ttl_ms,
+            max_message_bytes=max_message_bytes,
+            send_hwm=send_hwm,
+            reconnect_ivl_ms=reconnect_ivl_ms,
+            reconnect_ivl_max_ms=reconnect_ivl_max_ms,
+            handshake_ivl_ms=handshake_ivl_ms,
+            poll_batch=poll_batch,
+        )
+        if heartbeat_ttl_ms > _TTL_LIMIT_MS:
+            raise ValueError(f"heartbeat_ttl_ms must be at most {_TTL_LIMIT_MS}")
+        self.local_id = local_id
+        self.host = host
+        self.port = port
+        self.heartbeat_ivl_ms = heartbeat_ivl_ms
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.heartbeat_ttl_ms = heartbeat_ttl_ms
+        self.max_message_bytes = max_message_bytes
+        self.send_hwm = send_hwm
+        self.reconnect_ivl_ms = reconnect_ivl_ms
+        self.reconnect_ivl_max_ms = reconnect_ivl_max_ms
+        self.handshake_ivl_ms = handshake_ivl_ms
+        self.poll_batch = poll_batch
+
+        self._identity = local_id.encode()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder()
+        self._connections: dict[str, ZmqConnection] = {}
+        self._stats: Counter[str] = Counter()
+        self._closed = False
+
+        self._ctx = zmq.Context(io_threads=1)
+        try:
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._apply_common_options(self._router)
+            # A reconnecting peer's new connection takes over its identity at
+            # once; without this, libzmq keeps the old (possibly half-open)
+            # connection and silently drops the new one's messages.
+            self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+            self._router.bind(f"tcp://{_bracket(host)}:{port}")
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+
+    # -- the interface ----------------------------------------------------
+
+    def connect(self, peer_id: str) -> ZmqConnection:
+        """Open a connection to ``peer_id`` (CONN-1..3, CONN-7).
+
+        Raises:
+            DuplicateConnectionError: a live connection to ``peer_id`` is
+                registered (CONN-2); it is left untouched.
+            ValueError: ``peer_id`` is not ``"host:port"`` or is this node.
+            TransportError: the transport is closed.
+        """
+        self._check_open()
+        parse_peer_id(peer_id)
+        if peer_id == self.local_id:
+            raise ValueError(f"cannot connect to self ({peer_id})")
+        existing = self._connections.get(peer_id)
+        if existing is not None:
+            if existing.alive:
+                raise DuplicateConnectionError(
+                    f"a live connection to {peer_id} is already registered"
+                )
+            # Dead but not yet swept: retire it now (CONN-3).
+            self._retire(existing)
+        conn = ZmqConnection(self, peer_id, inbound=False)
+        self._connections[peer_id] = conn
+        return conn
+
+    def poll(self) -> list[ZmqConnection]:
+        """Do the I/O; return the inbound connections that are new since last time.
+
+        Order matters: liveness events are read and dead connections retired
+        *before* any message is routed, so a reconnecting peer's first message
+        opens a new connection instead of vanishing into the dead one (POLL-2).
+        """
+        self._check_open()
+        for conn in list(self._connections.values()):
+            conn._drain_monitor()
+        for conn in [c for c in self._connections.values() if not c.alive]:
+            self._retire(conn)
+
+        new: list[ZmqConnection] = []
+        for _ in range(self.poll_batch):
+            try:
+                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            self._route(frames, new)
+        return new
+
+    def close(self) -> None:
+        """Release every socket, descriptor and libzmq thread (RES-1). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in list(self._connections.values()):
+            conn._alive = False
+            conn._release()
+        self._connections.clear()
+        self._router.close(linger=0)
+        self._ctx.term()
+
+    # -- extras -----------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters of what ``poll()`` dropped or accepted, by reason.
+
+        Keys: ``dropped_frames`` (not exactly identity + payload),
+        ``dropped_identity`` (routing id not UTF-8 ``host:port``),
+        ``dropped_undecodable``, ``dropped_not_dict``, ``dropped_oversize``,
+        ``accepted`` (inbound connections opened), ``delivered`` (messages).
+        """
+        return dict(self._stats)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> ZmqTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ZmqTransport {self.local_id} bound {self.host}:{self.port}>"
+
+    # -- internals --------------------------------------------------------
+
+    def _route(self, frames: list[bytes], new: list[ZmqConnection]) -> None:
+        """Deliver one inbound message, or drop it with a reason (POLL-3)."""
+        if len(frames) != 2:
+            self._drop("dropped_frames", f"{len(frames)} frames instead of 2")
+            return
+        identity, payload = frames
+        try:
+            peer_id = identity.decode("utf-8")
+            parse_peer_id(peer_id)
+        except ValueError:  # UnicodeDecodeError is a ValueError
+            self._drop("dropped_identity", f"routing id {identity[:64]!r} is not host:port")
+            return
+        if len(payload) > self.max_message_bytes:
+            self._drop("dropped_oversize", f"{len(payload)} bytes from {peer_id}")
+            return
+        try:
+            msg = self._decoder.decode(payload)
+        except Exception as exc:  # msgspec.DecodeError, RecursionError, ...
+            self._drop("dropped_undecodable", f"from {peer_id}: {exc}")
+            return
+        if not isinstance(msg, dict):
+            self._drop("dropped_not_dict", f"{type(msg).__name__} from {peer_id}")
+            return
+        if peer_id == self.local_id:
+            self._drop("dropped_identity", "a peer claims this node's own identity")
+            return
+        conn = self._connections.get(peer_id)
+        if conn is None:
+            try:
+                conn = ZmqConnection(self, peer_id, inbound=True)
+            except zmq.ZMQError as exc:
+                self._drop("dropped_identity", f"cannot connect back to {peer_id}: {exc}")
+                return
+            self._connections[peer_id] = conn
+            self._stats["accepted"] += 1
+            new.append(conn)
+        conn._deliver(msg)
+        self._stats["delivered"] += 1
+
+    def _drop(self, reason: str, detail: str) -> None:
+        count = self._stats[reason] + 1
+        self._stats[reason] = count
+        # Log the first few of each kind, then every thousandth: a flood must
+        # not turn into a logging denial of service.
+        if count <= 10 or count % 1000 == 0:
+            _log.warning("%s: dropped inbound message (%s), %d so far", reason, detail, count)
+
+    def _encode(self, msg: Message) -> bytes:
+        if not isinstance(msg, dict):
+            raise TypeError(f"a message must be a dict, not {type(msg).__name__}")
+        try:
+            payload = self._encoder.encode(msg)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            raise TypeError(f"message is not MessagePack-encodable: {exc}") from None
+        if len(payload) > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"encoded message is {len(payload)} bytes; the limit (max_message_bytes) "
+                f"is {self.max_message_bytes}"
+            )
+        return payload
+
+    def _open_dealer(self, peer_id: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        """A DEALER connected to ``peer_id`` plus the PAIR reading its monitor.
+
+        Every option is set before ``connect()``: libzmq copies options into a
+        session when it is created and ignores later changes.
+        """
+        host, port = parse_peer_id(peer_id)
+        dealer: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        monitor: zmq.Socket[bytes] | None = None
+        try:
+            self._apply_common_options(dealer)
+            dealer.setsockopt(zmq.ROUTING_ID, self._identity)
+            dealer.setsockopt(zmq.SNDHWM, self.send_hwm)
+            dealer.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
+            dealer.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
+            endpoint = f"inproc://reference-impl-monitor-{next(_monitor_serial)}"
+            dealer.monitor(endpoint, _MONITOR_EVENTS)
+            monitor = self._ctx.socket(zmq.PAIR)
+            monitor.setsockopt(zmq.LINGER, 0)
+            monitor.connect(endpoint)
+            dealer.connect(f"tcp://{_bracket(host)}:{port}")
+        except BaseException:
+            if monitor is not None:
+                monitor.close(linger=0)
+            dealer.close(linger=0)
+            raise
+        return dealer, monitor
+
+    def _apply_common_options(self, sock: zmq.Socket[bytes]) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_ttl_ms)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, self.handshake_ivl_ms)
+
+    def _retire(self, conn: ZmqConnection) -> None:
+        """Unregister a dead connection and release its sockets; its inbox stays readable."""
+        conn._alive = False
+        conn._release()
+        self._forget(conn)
+
+    def _forget(self, conn: ZmqConnection) -> None:
+        if self._connections.get(conn.peer_id) is conn:
+            del self._connections[conn.peer_id]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"transport {self.local_id} is closed")
+
+
+def _bracket(host: str) -> str:
+    """IPv6 literals need brackets in a ZeroMQ TCP endpoint."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def _require_positive(**values: Any) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
