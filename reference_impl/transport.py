@@ -23,10 +23,10 @@ thread and every descriptor.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections import Counter, deque
-from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -176,10 +176,8 @@ class ZmqConnection(ControlConnection):
         self._released = True
         # Stop the monitor, close the monitored socket, then the reader: closing
         # the reader first can leave libzmq blocked writing monitor events.
-        try:
+        with contextlib.suppress(zmq.ZMQError):
             self._dealer.disable_monitor()
-        except zmq.ZMQError:
-            pass
         self._dealer.close(linger=0)
         self._monitor.close(linger=0)
 
