@@ -235,3 +235,33 @@ def test_connect_validates_peer(pair: tuple[ZmqTransport, ZmqTransport]) -> None
         a.connect("nonsense")
     with pytest.raises(ValueError, match="self"):
         a.connect(a.local_id)
+
+
+def test_oversize_frame_from_a_raw_peer_is_dropped() -> None:
+    """ZMQ_MAXMSGSIZE cuts the sender off before the payload is buffered."""
+    a, b = _node(max_message_bytes=1024), _node(max_message_bytes=1024)
+    ctx = zmq.Context()
+    try:
+        hostile: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        hostile.setsockopt(zmq.LINGER, 0)
+        hostile.setsockopt(zmq.ROUTING_ID, b"127.0.0.1:12")
+        events = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        hostile.connect(f"tcp://{b.local_id}")
+        hostile.send(msgspec.msgpack.encode({"blob": b"x" * 4096}))
+        # The ROUTER hanging up on the hostile peer proves the frame arrived.
+        _poll_until(lambda: events.poll(0) != 0, [b])
+        honest = a.connect(b.local_id)
+        honest.send({"after": 1})
+        inbound = _accept(b, a)
+        assert inbound.peer_id == a.local_id
+        assert inbound.recv() == [{"after": 1}]
+        # One more honest round trip after the hostile frame had time to land.
+        honest.send({"after": 2})
+        got: list[dict[str, object]] = []
+        _poll_until(lambda: bool(got.extend(inbound.recv()) or got), [a, b])
+        assert got == [{"after": 2}]
+        assert b.stats().get("accepted") == 1, "the oversize sender must not be accepted"
+    finally:
+        ctx.destroy(linger=0)
+        a.close()
+        b.close()
