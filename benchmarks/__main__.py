@@ -1,0 +1,88 @@
+"""``python -m benchmarks``: run every section, print Markdown, write JSON (+ PNG).
+
+Sections: ``transport`` (reference vs raw baseline), ``suite`` (the suite's
+own cost), ``detection`` (heartbeat detection vs the timeout), ``proxy``
+(the embedded fault proxy vs direct TCP). Pick some with ``--only``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import render
+
+SECTIONS = ("transport", "suite", "detection", "proxy")
+
+
+def _run_section(name: str, repeats: int) -> dict[str, Any]:
+    if name == "transport":
+        from benchmarks import transport
+
+        return transport.run(repeats=repeats, progress=_progress)
+    if name == "suite":
+        from benchmarks import suite_cost
+
+        return suite_cost.run(repeats=max(1, repeats - 2), progress=_progress)
+    if name == "detection":
+        from benchmarks import detection
+
+        return detection.run(trials=max(5, repeats * 3), progress=_progress)
+    if name == "proxy":
+        from benchmarks import proxy_overhead
+
+        return proxy_overhead.run(repeats=repeats, progress=_progress)
+    raise ValueError(name)
+
+
+def _progress(line: str) -> None:
+    print(f"  .. {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--repeats", type=int, default=5, help="trials per figure (default 5)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="directory for results.json, results.md and plots")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                    "cpus": _cpus()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "repeats": args.repeats,
+    }
+    for name in args.only:
+        print(f"== {name}", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        results[name] = _run_section(name, args.repeats)
+        results[name]["section_seconds"] = round(time.monotonic() - started, 1)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    markdown = render.markdown(results)
+    (args.out / "results.md").write_text(markdown)
+    plots = render.plots(results, args.out)
+    print(markdown)
+    for plot in plots:
+        print(f"plot: {plot}")
+    print(f"json: {args.out / 'results.json'}")
+    return 0
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
