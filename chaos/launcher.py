@@ -1,0 +1,288 @@
+"""Locate or start a toxiproxy server for the chaos suite.
+
+Order (``prefer="auto"``):
+
+1. ``TOXIPROXY_URL`` (e.g. ``http://127.0.0.1:8474``): use that running
+   server; it is shared, never stopped by us.
+2. A ``toxiproxy-server`` binary on ``PATH``: started on a free port.
+3. The embedded server: ``sys.executable -m chaos.toxiproxy_server`` on a
+   free port (it reports the port through ``--port-file``).
+
+``prefer="embedded"``, ``"binary"`` or ``"external"`` uses only that
+source (``"embedded"`` tests the embedded server even where a real one
+is installed).
+
+Servers we start never outlive us: ``ServerLease.stop()`` terminates them
+(SIGTERM, then SIGKILL after a grace period), an ``atexit`` hook stops any
+lease still running, and in case the parent is killed outright the child
+gets SIGTERM from the kernel (Linux ``PR_SET_PDEATHSIG``, set when launched
+from the main thread) and the embedded server additionally polls for its
+parent (``--parent-pid``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import chaos
+
+ENV_URL = "TOXIPROXY_URL"
+BINARY = "toxiproxy-server"
+
+Prefer = Literal["auto", "embedded", "binary", "external"]
+Kind = Literal["external", "binary", "embedded"]
+
+_START_TIMEOUT_S = 15.0
+_STOP_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+class ToxiproxyUnavailable(RuntimeError):
+    """No toxiproxy server could be found or started (the message says why)."""
+
+
+@dataclass(eq=False)
+class ServerLease:
+    """A reachable toxiproxy server; ``stop()`` ends it if we started it."""
+
+    host: str
+    port: int
+    kind: Kind
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    _tmpdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def owned(self) -> bool:
+        """True when we started the server (so nobody else uses it)."""
+        return self.process is not None
+
+    def stop(self) -> None:
+        """Terminate the server we started (idempotent; no-op for external ones)."""
+        proc, self.process = self.process, None
+        if proc is not None:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+            _terminate(proc)
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def log_tail(self, limit: int = 2000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")[-limit:]
+
+
+_LIVE: set[ServerLease] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _stop_all_at_exit() -> None:
+    with _LIVE_LOCK:
+        leases = list(_LIVE)
+    for lease in leases:
+        lease.stop()
+
+
+atexit.register(_stop_all_at_exit)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _load_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved before any fork: the child between fork and exec must not dlopen().
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM the child when the forking thread dies."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _preexec() -> Callable[[], None] | None:
+    """``PR_SET_PDEATHSIG`` fires when the *thread* that forked exits, so only use it
+    from the main thread (a launch from a short-lived helper thread would otherwise
+    kill the server when that thread ends)."""
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+    return _die_with_parent
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(url: str, timeout: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/version", timeout=timeout) as resp:
+            return int(resp.status) == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def _external(url: str) -> ServerLease:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
+        raise ToxiproxyUnavailable(f"{ENV_URL}={url!r} is not of the form http://HOST:PORT")
+    lease = ServerLease(host=parsed.hostname, port=parsed.port, kind="external")
+    if not _answers(lease.url, timeout=5.0):
+        raise ToxiproxyUnavailable(
+            f"{ENV_URL}={url!r}: no toxiproxy answered GET /version there; "
+            f"start toxiproxy-server or unset {ENV_URL} to use the embedded server"
+        )
+    return lease
+
+
+def _spawn(
+    argv: list[str], log_dir: tempfile.TemporaryDirectory[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start ``argv`` with stderr to a log file in ``log_dir``; stdout is discarded."""
+    log_path = Path(log_dir.name) / "server.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env=env,
+            preexec_fn=_preexec(),
+        )
+    return proc, log_path
+
+
+def _wait_ready(lease: ServerLease, port_file: Path | None, what: str) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    proc = lease.process
+    assert proc is not None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ToxiproxyUnavailable(
+                f"{what} exited with code {proc.returncode} before it was ready; "
+                f"its log:\n{lease.log_tail()}"
+            )
+        if port_file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                lease.port = int(port_file.read_text(encoding="ascii").strip())
+        if lease.port and _answers(lease.url, timeout=1.0):
+            return
+        time.sleep(0.05)
+    lease.stop()
+    raise ToxiproxyUnavailable(
+        f"{what} did not answer GET /version within {_START_TIMEOUT_S:.0f} s; "
+        f"its log:\n{lease.log_tail()}"
+    )
+
+
+def _start_binary(path: str, host: str) -> ServerLease:
+    last: ToxiproxyUnavailable | None = None
+    for _attempt in range(3):  # a free port can be taken between probe and bind
+        port = _free_port(host)
+        tmp = tempfile.TemporaryDirectory(prefix="toxiproxy-")
+        proc, log_path = _spawn([path, "-host", host, "-port", str(port)], tmp)
+        lease = ServerLease(host, port, "binary", proc, log_path, tmp)
+        with _LIVE_LOCK:
+            _LIVE.add(lease)
+        try:
+            _wait_ready(lease, None, f"{BINARY} ({path})")
+            return lease
+        except ToxiproxyUnavailable as exc:
+            lease.stop()
+            last = exc
+    assert last is not None
+    raise last
+
+
+def _start_embedded(host: str) -> ServerLease:
+    tmp = tempfile.TemporaryDirectory(prefix="toxiproxy-embedded-")
+    port_file = Path(tmp.name) / "port"
+    package_root = str(Path(chaos.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    argv = [
+        sys.executable,
+        "-m",
+        "chaos.toxiproxy_server",
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--parent-pid",
+        str(os.getpid()),
+    ]
+    proc, log_path = _spawn(argv, tmp, env)
+    lease = ServerLease(host, 0, "embedded", proc, log_path, tmp)
+    with _LIVE_LOCK:
+        _LIVE.add(lease)
+    try:
+        _wait_ready(
+            lease,
+            port_file,
+            f"embedded toxiproxy server ({sys.executable} -m chaos.toxiproxy_server)",
+        )
+    except BaseException:
+        lease.stop()
+        raise
+    return lease
+
+
+def launch(prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> ServerLease:
+    """Find or start a toxiproxy server; see the module docstring for the order.
+
+    Raises ``ToxiproxyUnavailable`` naming the env var or binary that failed.
+    """
+    url = os.environ.get(ENV_URL, "").strip()
+    if prefer == "external" or (prefer == "auto" and url):
+        if not url:
+            raise ToxiproxyUnavailable(f"{ENV_URL} is not set")
+        return _external(url)
+    if prefer in ("auto", "binary"):
+        binary = shutil.which(BINARY)
+        if binary:
+            return _start_binary(binary, host)
+        if prefer == "binary":
+            raise ToxiproxyUnavailable(f"no {BINARY} binary on PATH")
+    return _start_embedded(host)

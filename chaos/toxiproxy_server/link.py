@@ -1,0 +1,218 @@
+"""One proxied TCP connection: two links (directions) through their toxic chains.
+
+Each link has a reader task that reads from its source socket as fast as it
+can, stamping every chunk with its arrival time, and a writer task that
+passes each chunk through the link's toxic runs in order and writes what
+comes out to the destination socket. Toxics that delay (latency) wait until
+*arrival + delay*, so a delayed link keeps its throughput, as toxiproxy's
+does. The toxic chain of a link can change while data flows (toxics are
+added, updated and removed through the API and apply to live connections).
+
+When either source reaches end of stream (after the toxics saw it: a
+``slow_close`` toxic delays it) or any socket fails, the whole connection
+is closed: both sockets, both links. ``reset()`` aborts both sockets with
+SO_LINGER 0 so the peers see a TCP RST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from chaos.toxiproxy_server.toxics import Emit, Stream, Toxic, ToxicRun
+
+_log = logging.getLogger(__name__)
+
+_READ_SIZE = 64 * 1024
+_QUEUE_CHUNKS = 1024  # bounded: a slow link pushes back on its sender via TCP
+_CLOSE_GRACE_S = 2.0
+
+
+@dataclass
+class _Chunk:
+    data: bytes
+    arrived: float
+
+
+class _Link:
+    """One direction of a connection."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        stream: Stream,
+        source: asyncio.StreamReader,
+        dest: asyncio.StreamWriter,
+        toxics: Iterable[Toxic],
+    ) -> None:
+        self._conn = conn
+        self.stream = stream
+        self._source = source
+        self._dest = dest
+        self._queue: asyncio.Queue[_Chunk | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        self._runs: dict[str, ToxicRun] = {}
+        for toxic in toxics:
+            self._runs[toxic.name] = ToxicRun(toxic, conn)
+
+    def start(self) -> list[asyncio.Task[None]]:
+        for run in self._runs.values():
+            run.start()
+        loop = asyncio.get_running_loop()
+        return [loop.create_task(self._read()), loop.create_task(self._write())]
+
+    def stop_runs(self) -> None:
+        for run in self._runs.values():
+            run.stop(removed=False)
+
+    def add_toxic(self, toxic: Toxic) -> None:
+        run = ToxicRun(toxic, self._conn)
+        self._runs[toxic.name] = run
+        run.start()
+
+    def update_toxic(self, toxic: Toxic) -> None:
+        old = self._runs.get(toxic.name)
+        if old is not None:
+            old.stop(removed=False)
+        run = ToxicRun(toxic, self._conn, previous=old)
+        self._runs[toxic.name] = run  # an existing key keeps its place in the chain
+        run.start()
+
+    def remove_toxic(self, name: str) -> None:
+        run = self._runs.pop(name, None)
+        if run is not None:
+            run.stop(removed=True)
+
+    def _chain(self) -> list[ToxicRun]:
+        return [run for run in self._runs.values() if run.applies]
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                data = await self._source.read(_READ_SIZE)
+                if not data:
+                    break
+                await self._queue.put(_Chunk(data, loop.time()))
+        except OSError:
+            pass
+        await self._queue.put(None)
+
+    async def _write(self) -> None:
+        try:
+            while not self._conn.closed:
+                chunk = await self._queue.get()
+                chain = self._chain()
+                if chunk is None:
+                    for run in chain:
+                        await run.on_eof()
+                    break
+                await self._through(chunk.data, chunk.arrived, chain, 0)
+        except OSError as exc:
+            _log.debug("%s link failed: %s", self.stream, exc)
+        self._conn.close()
+
+    async def _through(self, data: bytes, arrived: float, chain: list[ToxicRun], i: int) -> None:
+        if self._conn.closed:
+            return
+        if i == len(chain):
+            self._dest.write(data)
+            await self._dest.drain()
+            return
+
+        async def emit(part: bytes) -> None:
+            await self._through(part, arrived, chain, i + 1)
+
+        next_stage: Emit = emit
+        await chain[i].on_data(data, arrived, next_stage)
+
+
+class Connection:
+    """A client connection and its upstream connection, with both links."""
+
+    def __init__(
+        self,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        toxics: Iterable[Toxic],
+        on_closed: Callable[[Connection], None],
+    ) -> None:
+        self._writers = (client[1], upstream[1])
+        self._on_closed = on_closed
+        self._closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        toxic_list = list(toxics)
+        self._links = {
+            Stream.UPSTREAM: _Link(
+                self,
+                Stream.UPSTREAM,
+                client[0],
+                upstream[1],
+                [t for t in toxic_list if t.stream is Stream.UPSTREAM],
+            ),
+            Stream.DOWNSTREAM: _Link(
+                self,
+                Stream.DOWNSTREAM,
+                upstream[0],
+                client[1],
+                [t for t in toxic_list if t.stream is Stream.DOWNSTREAM],
+            ),
+        }
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self) -> None:
+        for link in self._links.values():
+            self._tasks.extend(link.start())
+
+    def add_toxic(self, toxic: Toxic) -> None:
+        if not self._closed:
+            self._links[toxic.stream].add_toxic(toxic)
+
+    def update_toxic(self, toxic: Toxic) -> None:
+        if not self._closed:
+            self._links[toxic.stream].update_toxic(toxic)
+
+    def remove_toxic(self, toxic: Toxic) -> None:
+        if not self._closed:
+            self._links[toxic.stream].remove_toxic(toxic.name)
+
+    def close(self) -> None:
+        """Close both sockets (pending writes are flushed, then FIN)."""
+        self._shutdown(abort=False)
+
+    def reset(self) -> None:
+        """Abort both sockets with SO_LINGER 0: the peers get a TCP RST."""
+        for writer in self._writers:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._shutdown(abort=True)
+
+    def _shutdown(self, *, abort: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for link in self._links.values():
+            link.stop_runs()
+        loop = asyncio.get_running_loop()
+        for writer in self._writers:
+            if abort:
+                writer.transport.abort()
+            else:
+                # Flush what is buffered, but never wait forever on a peer that stopped
+                # reading: the socket is closed for good after a grace period.
+                writer.close()
+                loop.call_later(_CLOSE_GRACE_S, writer.transport.abort)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        self._on_closed(self)

@@ -1,0 +1,283 @@
+"""Toxics: their JSON model, validation, and their effect on one link.
+
+A *toxic* is configured per proxy (``Toxic``: name, type, stream, toxicity,
+attributes) and applied to every *link* of that proxy in its stream's
+direction: ``upstream`` is client -> upstream server, ``downstream`` is
+server -> client. A link is one direction of one proxied connection.
+
+Each (toxic, link) pair gets a ``ToxicRun``: it decides once, by
+``toxicity``, whether the toxic applies to that link (toxiproxy rolls the
+probability per link), holds per-link state (bytes sent for
+``limit_data``, the pacing clock for ``bandwidth``) and implements the
+toxic's effect on a chunk of data (``on_data``) and on end of stream
+(``on_eof``). Runs are chained in the order the toxics were added: each
+run passes what it lets through to the next one with ``emit``.
+
+Semantics follow toxiproxy 2.x as documented: times are milliseconds
+except slicer ``delay`` (microseconds); ``bandwidth`` rate is KB/s with
+1 KB = 1000 bytes; a ``timeout`` toxic drops data (it does not buffer it)
+and closes the connection after ``timeout`` ms, or never when 0; removing
+a ``timeout`` toxic closes the connections it applied to, because bytes
+were dropped and the stream can no longer be trusted; ``reset_peer``
+resets (RST) the connection ``timeout`` ms after the first data it sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from chaos.toxiproxy_server.errors import ApiError, bad_request
+
+
+class Stream(enum.StrEnum):
+    """Direction a toxic affects."""
+
+    UPSTREAM = "upstream"
+    DOWNSTREAM = "downstream"
+
+
+#: Attribute names and defaults of each supported toxic type (all integers).
+TOXIC_ATTRIBUTES: Mapping[str, Mapping[str, int]] = {
+    "latency": {"latency": 0, "jitter": 0},
+    "bandwidth": {"rate": 0},
+    "slow_close": {"delay": 0},
+    "timeout": {"timeout": 0},
+    "reset_peer": {"timeout": 0},
+    "slicer": {"average_size": 0, "size_variation": 0, "delay": 0},
+    "limit_data": {"bytes": 0},
+}
+
+Emit = Callable[[bytes], Awaitable[None]]
+
+#: Shortest sleep worth scheduling: asyncio timers are about 1 ms coarse.
+_MIN_SLEEP_S = 0.001
+
+
+@dataclass
+class Toxic:
+    """A toxic as the HTTP API shows it."""
+
+    name: str
+    type: str
+    stream: Stream
+    toxicity: float
+    attributes: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "attributes": dict(self.attributes),
+            "name": self.name,
+            "type": self.type,
+            "stream": str(self.stream),
+            "toxicity": self.toxicity,
+        }
+
+
+def _as_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(f"{what} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise bad_request(f"{what} must be an integer, got {value!r}")
+        value = int(value)
+    return value
+
+
+def _as_toxicity(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(f"toxicity must be a number, got {value!r}")
+    return float(value)
+
+
+def _merge_attributes(type_: str, base: Mapping[str, int], given: object) -> dict[str, int]:
+    """Overlay the given JSON attributes on ``base``; unknown keys are ignored."""
+    if given is None:
+        return dict(base)
+    if not isinstance(given, dict):
+        raise bad_request(f"attributes must be an object, got {given!r}")
+    merged = dict(base)
+    for key in TOXIC_ATTRIBUTES[type_]:
+        if key in given:
+            merged[key] = _as_int(given[key], f"{type_} attribute {key!r}")
+    _validate_attributes(type_, merged)
+    return merged
+
+
+def _validate_attributes(type_: str, attrs: Mapping[str, int]) -> None:
+    for key, value in attrs.items():
+        if value < 0:
+            raise bad_request(f"{type_} attribute {key!r} must be >= 0, got {value}")
+    if type_ == "slicer" and attrs["average_size"] < 1:
+        raise bad_request("slicer attribute 'average_size' must be >= 1")
+
+
+def parse_new_toxic(body: object) -> Toxic:
+    """Build a toxic from a create request body (toxiproxy defaults applied).
+
+    Raises ``ApiError`` (400) naming the offending field.
+    """
+    if not isinstance(body, dict):
+        raise bad_request("expected a JSON object")
+    stream_name = body.get("stream") or "downstream"
+    try:
+        stream = Stream(stream_name)
+    except ValueError:
+        raise ApiError("stream was invalid, can be either upstream or downstream", 400) from None
+    type_ = body.get("type")
+    if not isinstance(type_, str) or type_ not in TOXIC_ATTRIBUTES:
+        raise ApiError("invalid toxic type", 400)
+    name = body.get("name") or f"{type_}_{stream}"
+    if not isinstance(name, str):
+        raise bad_request(f"name must be a string, got {name!r}")
+    toxicity = _as_toxicity(body["toxicity"]) if "toxicity" in body else 1.0
+    attributes = _merge_attributes(type_, TOXIC_ATTRIBUTES[type_], body.get("attributes"))
+    return Toxic(name=name, type=type_, stream=stream, toxicity=toxicity, attributes=attributes)
+
+
+def parse_toxic_update(current: Toxic, body: object) -> Toxic:
+    """Apply an update body: attributes overlay the current ones, toxicity may change.
+
+    Name, type and stream cannot be changed (as in toxiproxy).
+    """
+    if not isinstance(body, dict):
+        raise bad_request("expected a JSON object")
+    toxicity = _as_toxicity(body["toxicity"]) if "toxicity" in body else current.toxicity
+    attributes = _merge_attributes(current.type, current.attributes, body.get("attributes"))
+    return Toxic(
+        name=current.name,
+        type=current.type,
+        stream=current.stream,
+        toxicity=toxicity,
+        attributes=attributes,
+    )
+
+
+class LinkControl(Protocol):
+    """What a toxic may do to the connection its link belongs to."""
+
+    def close(self) -> None:
+        """Close both sides of the connection gracefully (FIN)."""
+
+    def reset(self) -> None:
+        """Abort both sides of the connection with a TCP RST."""
+
+
+class ToxicRun:
+    """One toxic applied to one link; see the module docstring."""
+
+    def __init__(
+        self,
+        toxic: Toxic,
+        link: LinkControl,
+        *,
+        previous: ToxicRun | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.toxic = toxic
+        self._link = link
+        self._rng = rng or random.Random()
+        self.applies = self._rng.random() < toxic.toxicity
+        # limit_data keeps its byte count across updates of the same toxic.
+        self._sent: int = previous._sent if previous is not None else 0
+        self._pace_at = 0.0
+        self._reset_armed = False
+        self._timer: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin the toxic's own clock (the ``timeout`` toxic's close timer)."""
+        timeout_ms = self.toxic.attributes.get("timeout", 0)
+        if self.applies and self.toxic.type == "timeout" and timeout_ms > 0:
+            self._timer = asyncio.get_running_loop().create_task(self._close_after(timeout_ms))
+
+    def stop(self, *, removed: bool) -> None:
+        """Stop the run; a removed ``timeout`` toxic closes its connection."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if removed and self.applies and self.toxic.type == "timeout":
+            self._link.close()
+
+    async def _close_after(self, timeout_ms: int) -> None:
+        await asyncio.sleep(timeout_ms / 1000)
+        self._link.close()
+
+    async def on_data(self, data: bytes, arrived: float, emit: Emit) -> None:
+        """Pass ``data`` (read at loop time ``arrived``) on through ``emit``, or not."""
+        attrs = self.toxic.attributes
+        kind = self.toxic.type
+        loop = asyncio.get_running_loop()
+        if kind == "latency":
+            jitter = attrs["jitter"]
+            delay_ms = attrs["latency"] + (self._rng.randint(-jitter, jitter) if jitter else 0)
+            wait = arrived + max(delay_ms, 0) / 1000 - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await emit(data)
+        elif kind == "bandwidth":
+            await self._paced(data, attrs["rate"], emit)
+        elif kind == "slicer":
+            await self._sliced(data, attrs, emit)
+        elif kind == "limit_data":
+            remaining = attrs["bytes"] - self._sent
+            part = data[: max(remaining, 0)]
+            if part:
+                self._sent += len(part)
+                await emit(part)
+            if attrs["bytes"] - self._sent <= 0:
+                self._link.close()
+        elif kind == "timeout":
+            return  # dropped on the floor, as toxiproxy does
+        elif kind == "reset_peer":
+            if not self._reset_armed:
+                self._reset_armed = True
+                await asyncio.sleep(attrs["timeout"] / 1000)
+                self._link.reset()
+        else:  # slow_close and anything that only acts on close
+            await emit(data)
+
+    async def on_eof(self) -> None:
+        """Called when the link's source closed, before the close is passed on."""
+        if self.toxic.type == "slow_close":
+            await asyncio.sleep(self.toxic.attributes["delay"] / 1000)
+
+    async def _paced(self, data: bytes, rate_kbps: int, emit: Emit) -> None:
+        if rate_kbps <= 0:
+            await emit(data)
+            return
+        loop = asyncio.get_running_loop()
+        bytes_per_s = rate_kbps * 1000
+        piece = max(rate_kbps * 100, 1)  # at most 100 ms worth of data per write
+        self._pace_at = max(self._pace_at, loop.time())
+        for start in range(0, len(data), piece):
+            part = data[start : start + piece]
+            self._pace_at += len(part) / bytes_per_s
+            wait = self._pace_at - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await emit(part)
+
+    async def _sliced(self, data: bytes, attrs: Mapping[str, int], emit: Emit) -> None:
+        average = max(attrs["average_size"], 1)
+        variation = min(attrs["size_variation"], average - 1)
+        delay = attrs["delay"] / 1_000_000
+        loop = asyncio.get_running_loop()
+        # Delays are paced against a clock rather than slept one by one: the event
+        # loop's timers have ~1 ms granularity, so sleeping 100 us per slice would
+        # really cost 1 ms each. Over a chunk the average delay per slice is exact.
+        due = loop.time()
+        start = 0
+        while start < len(data):
+            size = average + (self._rng.randint(-variation, variation) if variation else 0)
+            part = data[start : start + max(size, 1)]
+            start += len(part)
+            await emit(part)
+            if delay > 0 and start < len(data):
+                due += delay
+                wait = due - loop.time()
+                if wait >= _MIN_SLEEP_S:
+                    await asyncio.sleep(wait)
