@@ -1,15 +1,483 @@
-"""pytest plugin: the suite's face inside pytest (auto-loaded via ``pytest11``)."""
+"""pytest plugin: the suite's face inside pytest (auto-loaded via ``pytest11``).
+
+The hooks here are thin: they read options, call the plain modules
+(:mod:`conformance.selection`, :mod:`conformance.xfail`,
+:mod:`conformance.verdicts`, :mod:`conformance.reports`) and carry data
+between pytest's phases. The CLI runs pytest with this plugin, so both faces
+share one core.
+
+Opt-in: the suite runs only when the session asks for it, with
+``--zmq-conformance`` (suite in addition to the session's own tests),
+``--zmq-conformance-only`` (the suite alone), ``--zmq-transport`` on the
+command line (implies ``--zmq-conformance``), or the ini option
+``zmq_conformance = true``. The plugin then appends the suite's test files
+to the collection arguments, unless the arguments already cover them, so the
+suite never runs twice.
+
+Data crosses from the process running a test (an xdist worker, or the same
+process) to the one writing reports through ``report.user_properties``:
+``zmq_clauses``, ``zmq_k`` (a ``-k`` expression for replay), ``zmq_chaos``,
+``zmq_xfail`` (set at collection), ``zmq_transport`` (set by the fixture when
+a user override is in use), ``zmq_blocked``, ``zmq_xpassed`` and
+``zmq_counterexample`` (set when the report is made).
+"""
 
 from __future__ import annotations
 
+import os
+import warnings
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from conformance import profiles, selection, xfail
+from conformance.clauses import CLAUSES
+from conformance.errors import ConfigError
 from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
+from conformance.reports import write_reports
+from conformance.verdicts import (
+    FAILING,
+    ReplayContext,
+    RunReport,
+    TestResult,
+    aggregate,
+    counterexample,
+    find_blocked,
+    phase_outcome,
+)
 
-__all__ = ["zmq_transport_factory", "zmq_transport_spec"]
+__all__ = ["ZmqConformanceWarning", "zmq_transport_factory", "zmq_transport_spec"]
+
+
+class ZmqConformanceWarning(pytest.PytestWarning):
+    """A configuration smell that does not stop the run (e.g. an unmatched xfail entry)."""
+
+
+@dataclass
+class _State:
+    """Per-session state of the plugin (in ``config.stash``)."""
+
+    opted_in: bool = False
+    only: bool = False
+    chaos: bool = False
+    profile: str = profiles.DEFAULT_PROFILE
+    transport: str | None = None
+    suite_dirs: list[Path] = field(default_factory=list)
+    xfail_entries: list[xfail.XfailEntry] = field(default_factory=list)
+    xfail_origin: str = ""
+    results: dict[str, TestResult] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    fixture_transport: str | None = None
+    report: RunReport | None = None
+    written: list[Path] = field(default_factory=list)
+
+
+_STATE = pytest.StashKey[_State]()
+_CLAUSES = pytest.StashKey[tuple[str, ...]]()
+_XFAIL = pytest.StashKey[str]()
+_RECORDER = "zmq-conformance-recorder"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("zmq-conformance", "ZeroMQ transport conformance suite")
+    group.addoption("--zmq-conformance", action="store_true", default=False,
+                    help="also collect and run the conformance suite in this session")
+    group.addoption("--zmq-conformance-only", action="store_true", default=False,
+                    help="run only the conformance suite (other collection arguments are "
+                         "dropped unless they point into the suite)")
+    group.addoption("--zmq-transport", metavar="MODULE:ATTR", default=None,
+                    help="factory of the transport under test (implies --zmq-conformance); "
+                         "default: ini zmq_transport, $ZMQ_CONFORMANCE_TRANSPORT, "
+                         "reference_impl:ZmqTransport")
+    group.addoption("--zmq-capability", metavar="NAME=VALUE", action="append", default=[],
+                    help="declare a capability of the transport (repeatable), e.g. "
+                         "heartbeat_ivl_ms=1000")
+    group.addoption("--zmq-profile", metavar="NAME", default=None,
+                    help=f"depth profile: {', '.join(profiles.PROFILES)} (default: ini "
+                         f"zmq_profile or {profiles.DEFAULT_PROFILE})")
+    group.addoption("--zmq-xfail-file", metavar="PATH", default=None,
+                    help="expected failures: lines 'CLAUSE-ID: reason' or 'test-id: reason'")
+    group.addoption("--zmq-chaos", action="store_true", default=False,
+                    help="also run the chaos clauses (fault injection through toxiproxy)")
+    group.addoption("--zmq-suite", metavar="PATH", action="append", default=[],
+                    help="collect PATH as the suite instead of the built-in one (advanced: "
+                         "suite development, vendored copies)")
+    group.addoption("--zmq-report-json", metavar="PATH", default=None,
+                    help="write per-clause verdicts as JSON")
+    group.addoption("--zmq-report-junit", metavar="PATH", default=None,
+                    help="write per-clause verdicts as JUnit XML (one testcase per clause)")
+    group.addoption("--zmq-report-markdown", metavar="PATH", default=None,
+                    help="write per-clause verdicts as a Markdown report")
+    parser.addini("zmq_conformance", "run the conformance suite in every session",
+                  type="bool", default=False)
+    parser.addini("zmq_transport", "MODULE:ATTR of the transport under test", default="")
+    parser.addini("zmq_capabilities", "capabilities of the transport, one NAME=VALUE per line",
+                  type="linelist", default=[])
+    parser.addini("zmq_profile", "depth profile of the suite (ci, dev, thorough)", default="")
+    parser.addini("zmq_xfail_file", "expected-failure file (relative to the ini file)",
+                  default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "clause(*ids): the contract clauses (DESIGN.md IDs) this test checks"
     )
+    config.addinivalue_line(
+        "markers", "chaos: needs fault injection; runs only with --zmq-chaos / --chaos"
+    )
+    try:
+        state = _configure(config)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_STATE] = state
+    config.pluginmanager.register(_Recorder(config, state), _RECORDER)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    recorder = config.pluginmanager.get_plugin(_RECORDER)
+    if recorder is not None:
+        config.pluginmanager.unregister(recorder)
+
+
+def _configure(config: pytest.Config) -> _State:
+    """Activate the profile, decide the opt-in, validate the transport, extend the args."""
+    state = _State()
+    profile = config.getoption("zmq_profile") or str(config.getini("zmq_profile") or "")
+    state.profile = profiles.activate(profile.strip() or profiles.DEFAULT_PROFILE).name
+    state.only = bool(config.getoption("zmq_conformance_only"))
+    state.opted_in = state.only or bool(
+        config.getoption("zmq_conformance")
+        or config.getoption("zmq_transport")
+        or config.getini("zmq_conformance")
+    )
+    state.chaos = bool(config.getoption("zmq_chaos"))
+    state.xfail_entries, state.xfail_origin = _load_xfail(config)
+    if state.opted_in:
+        spec = selection.spec_from_config(config)
+        state.transport = spec.name
+        explicit = config.getoption("zmq_suite") or []
+        state.suite_dirs = selection.suite_paths(
+            chaos=state.chaos, explicit=explicit, base=config.invocation_params.dir
+        )
+        if not state.suite_dirs:
+            raise ConfigError("--zmq-conformance: the suite package conformance.suite is missing")
+        _extend_args(config, state)
+    return state
+
+
+def _load_xfail(config: pytest.Config) -> tuple[list[xfail.XfailEntry], str]:
+    path: str | None = config.getoption("zmq_xfail_file")
+    option = "--zmq-xfail-file"
+    if not path:
+        ini_value = str(config.getini("zmq_xfail_file") or "").strip()
+        if not ini_value:
+            return [], ""
+        base = config.inipath.parent if config.inipath else config.rootpath
+        path, option = str(base / ini_value), "ini zmq_xfail_file"
+    return xfail.load(path, option=option), path
+
+
+def _extend_args(config: pytest.Config, state: _State) -> None:
+    """Point the collection at the suite (see the module docstring for the rules)."""
+    invocation = config.invocation_params.dir
+    explicit = config.args_source == pytest.Config.ArgsSource.ARGS
+    args = list(config.args)
+    inside = [a for a in args if _arg_inside(invocation, a, state.suite_dirs)]
+    if state.only:
+        config.args[:] = inside if (explicit and inside) else _suite_files(state.suite_dirs)
+        return
+    if inside or any(_arg_covers(invocation, a, state.suite_dirs) for a in args):
+        return
+    config.args.extend(_suite_files(state.suite_dirs))
+
+
+def _arg_path(invocation: Path, arg: str) -> Path:
+    return (invocation / arg.split("::", 1)[0]).resolve()
+
+
+def _arg_inside(invocation: Path, arg: str, dirs: Sequence[Path]) -> bool:
+    path = _arg_path(invocation, arg)
+    return any(path == d or path.is_relative_to(d) for d in dirs)
+
+
+def _arg_covers(invocation: Path, arg: str, dirs: Sequence[Path]) -> bool:
+    """True when pytest's own recursion from ``arg`` would reach a suite directory.
+
+    Recursion stops at hidden directories, virtualenvs and ``site-packages``,
+    so an installed suite is never "covered" by a project's ``.``.
+    """
+    path = _arg_path(invocation, arg)
+    for suite_dir in dirs:
+        if not suite_dir.is_relative_to(path) or suite_dir == path:
+            continue
+        between = suite_dir.relative_to(path).parts
+        probe = path
+        blocked = False
+        for part in between:
+            probe = probe / part
+            if part.startswith(".") or part == "site-packages" or (probe / "pyvenv.cfg").exists():
+                blocked = True
+                break
+        if not blocked:
+            return True
+    return False
+
+
+def _suite_files(dirs: Sequence[Path]) -> list[str]:
+    """The suite's test files, named one by one so the user's ``python_files`` cannot hide them."""
+    files: list[str] = []
+    for suite_dir in dirs:
+        if suite_dir.is_file():
+            files.append(str(suite_dir))
+            continue
+        found = sorted(
+            p for p in suite_dir.rglob("*.py")
+            if (p.name.startswith("test_") or p.name.endswith("_test.py"))
+            and "__pycache__" not in p.parts
+        )
+        files.extend(str(p) for p in found)
+    return files or [str(d) for d in dirs]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Tag clause tests, apply the xfail file, hold back chaos tests without ``--zmq-chaos``.
+
+    Runs first, so the xfail file matches every collected test before ``-k``
+    or ``-m`` deselect some.
+    """
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return
+    tagged: list[tuple[pytest.Item, tuple[str, ...]]] = []
+    for item in items:
+        ids = _clause_ids(item)
+        if ids is None:
+            continue
+        item.stash[_CLAUSES] = ids
+        chaos = item.get_closest_marker("chaos") is not None or all(
+            CLAUSES[c].chaos for c in ids
+        )
+        item.user_properties.append(("zmq_clauses", " ".join(ids)))
+        item.user_properties.append(("zmq_k", _k_expr(item)))
+        if chaos:
+            item.user_properties.append(("zmq_chaos", "1"))
+        tagged.append((item, ids))
+    _apply_xfail(config, state, tagged)
+    if not state.chaos and state.suite_dirs:
+        held = [
+            item for item, _ in tagged
+            if ("zmq_chaos", "1") in item.user_properties
+            and any(item.path.is_relative_to(d) or item.path == d for d in state.suite_dirs)
+        ]
+        if held:
+            held_ids = {id(i) for i in held}
+            items[:] = [i for i in items if id(i) not in held_ids]
+            config.hook.pytest_deselected(items=held)
+
+
+def _clause_ids(item: pytest.Item) -> tuple[str, ...] | None:
+    ids: list[str] = []
+    for marker in item.iter_markers("clause"):
+        for value in marker.args:
+            if not isinstance(value, str) or value not in CLAUSES:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: @pytest.mark.clause({value!r}) names no known clause; "
+                    f"known: {', '.join(CLAUSES)}"
+                )
+            if value not in ids:
+                ids.append(value)
+    return tuple(ids) if ids else None
+
+
+def _k_expr(item: pytest.Item) -> str:
+    parts = [item.path.stem]
+    cls = getattr(item, "cls", None)
+    if cls is not None:
+        parts.append(cls.__name__)
+    parts.append(getattr(item, "originalname", None) or item.name)
+    return " and ".join(dict.fromkeys(parts))
+
+
+def _apply_xfail(
+    config: pytest.Config, state: _State, tagged: Sequence[tuple[pytest.Item, tuple[str, ...]]]
+) -> None:
+    if not state.xfail_entries:
+        return
+    reasons, unmatched = xfail.match(
+        state.xfail_entries, [(item.nodeid, ids) for item, ids in tagged]
+    )
+    for item, _ in tagged:
+        reason = reasons.get(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+            item.stash[_XFAIL] = reason
+            item.user_properties.append(("zmq_xfail", reason))
+    messages = []
+    for entry in unmatched:
+        what = "unknown clause" if xfail.unknown_clauses([entry]) else "no test"
+        messages.append(
+            f"{entry.describe(state.xfail_origin)} matches {what}; remove or fix the entry"
+        )
+    state.warnings = messages
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        # xdist: the controller collects nothing; it learns these at pytest_testnodedown.
+        config.workeroutput["zmq_conformance_warnings"] = messages  # type: ignore[attr-defined]
+        if worker.get("workerid") != "gw0":
+            return  # one warning per run, not one per worker
+    for message in messages:
+        warnings.warn(ZmqConformanceWarning(message), stacklevel=1)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Record, where the exception still exists, whether it blocked and its counterexample."""
+    report = yield
+    if item.stash.get(_CLAUSES, None) is None:
+        return report
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if report.failed and exc is not None:
+        blocked = find_blocked(exc)
+        if blocked is not None:
+            report.user_properties.append(("zmq_blocked", str(blocked)))
+        report.user_properties.append(("zmq_counterexample", counterexample(exc)))
+    elif report.failed and call.when == "call" and item.stash.get(_XFAIL, None) is not None:
+        report.user_properties.append(("zmq_xpassed", "1"))
+    return report
+
+
+class _Recorder:
+    """Collects the reports of one session and writes the per-clause verdicts.
+
+    Registered by :func:`pytest_configure` for each session (so its hooks see
+    the session's state); in an xdist run only the controller writes reports.
+    """
+
+    def __init__(self, config: pytest.Config, state: _State) -> None:
+        self.config = config
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Fold each phase report of a clause test into its :class:`TestResult`."""
+        props = {str(k): str(v) for k, v in report.user_properties}
+        clauses = props.get("zmq_clauses")
+        if clauses is None:
+            return
+        state = self.state
+        if "zmq_transport" in props:
+            state.fixture_transport = props["zmq_transport"]
+        result = state.results.get(report.nodeid)
+        if result is None:
+            result = TestResult(
+                report.nodeid, tuple(clauses.split()), k_expr=props.get("zmq_k"),
+                chaos=props.get("zmq_chaos") == "1",
+            )
+            state.results[report.nodeid] = result
+        wasxfail = getattr(report, "wasxfail", None)
+        outcome = phase_outcome(
+            when=report.when or "", outcome=report.outcome, wasxfail=wasxfail is not None,
+            blocked="zmq_blocked" in props, xpassed="zmq_xpassed" in props,
+        )
+        reason: str | None = None
+        if outcome == "skipped":
+            reason = _skip_reason(report)
+        elif outcome in ("xfailed", "xpassed"):
+            reason = wasxfail or props.get("zmq_xfail")
+        elif outcome == "blocked":
+            reason = props.get("zmq_blocked")
+        result.add_phase(
+            outcome, report.duration, reason=reason,
+            counterexample=props.get("zmq_counterexample"),
+        )
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: take the xfail warnings the workers computed at collection."""
+        output = getattr(node, "workeroutput", None) or {}
+        self.state.warnings.extend(output.get("zmq_conformance_warnings", ()))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        config, state = self.config, self.state
+        if hasattr(config, "workerinput"):
+            return
+        paths = {
+            "json_path": config.getoption("zmq_report_json"),
+            "junit_path": config.getoption("zmq_report_junit"),
+            "markdown_path": config.getoption("zmq_report_markdown"),
+        }
+        if not (state.results or state.opted_in or any(paths.values())):
+            return
+        state.report = build_report(config, state)
+        base = config.invocation_params.dir
+        state.written = write_reports(
+            state.report, **{k: (base / v if v else None) for k, v in paths.items()}
+        )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        state = self.state
+        if state.report is None or not (state.results or state.opted_in):
+            return
+        _summary(terminalreporter, state.report, state.written)
+
+
+def _skip_reason(report: pytest.TestReport) -> str | None:
+    longrepr: Any = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return None
+
+
+def build_report(config: pytest.Config, state: _State) -> RunReport:
+    """The per-clause :class:`RunReport` of this session."""
+    transport = state.fixture_transport or state.transport
+    if transport is None:
+        try:
+            transport = selection.configured_transport(config)[0]
+        except ConfigError:
+            transport = "?"
+    seed: Any = config.getoption("hypothesis_seed", None)
+    if isinstance(seed, str) and seed.isdigit():
+        seed = int(seed)
+    context = ReplayContext(None if state.fixture_transport else transport, state.profile, seed)
+    verdicts = aggregate(state.results.values(), context=context, chaos_enabled=state.chaos)
+    return RunReport(
+        transport=transport, profile=state.profile, seed=seed, clauses=verdicts,
+        warnings=_xfail_warnings(config, state),
+    )
+
+
+def _xfail_warnings(config: pytest.Config, state: _State) -> list[str]:
+    return list(dict.fromkeys(state.warnings))
+
+
+def _summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
+    """A short per-clause block at the end of the terminal output."""
+    seed = "random" if report.seed is None else report.seed
+    tr.section(f"zmq-conformance: {report.transport} (profile {report.profile}, seed {seed})")
+    chaos_skipped = 0
+    for verdict in report.ordered():
+        if verdict.verdict == "skipped" and verdict.clause.chaos and not verdict.tests:
+            chaos_skipped += 1
+            continue
+        tests = len(verdict.tests)
+        note = f"  [{verdict.reason}]" if verdict.reason and verdict.verdict != "passed" else ""
+        tr.write_line(
+            f"{verdict.verdict.upper():8} {verdict.clause.id:7} {verdict.clause.title}"
+            f"  ({tests} test{'s' if tests != 1 else ''}, {verdict.duration_s:.2f} s)"
+            f"{note[:160]}",
+            red=verdict.verdict in FAILING, green=verdict.verdict == "passed",
+            yellow=verdict.verdict in ("skipped", "xfailed"),
+        )
+    counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
+    extra = f" ({chaos_skipped} chaos clauses not run: use --zmq-chaos)" if chaos_skipped else ""
+    tr.write_line(f"clauses: {counts}{extra}", bold=True)
+    for path in written:
+        tr.write_line(f"report written: {os.fspath(path)}")

@@ -81,7 +81,9 @@ class Capabilities:
             )
         checked: dict[str, Any] = {}
         for name, value in values.items():
-            if name in ("heartbeat_configurable", "authentication"):
+            if name == "heartbeat_configurable" and value is None:
+                pass  # "not declared": inferred from the factory's signature
+            elif name in ("heartbeat_configurable", "authentication"):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{origin}: capability {name!r} must be true or false")
             elif value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -158,7 +160,9 @@ def load_factory(path: str, *, option: str = "--zmq-transport") -> Callable[...,
     """
     module_name, sep, attr_path = path.partition(":")
     if not sep or not module_name or not attr_path:
-        raise ConfigError(f"{option}={path!r}: expected MODULE:ATTR, e.g. mypkg.transport:MyTransport")
+        raise ConfigError(
+            f"{option}={path!r}: expected MODULE:ATTR, e.g. mypkg.transport:MyTransport"
+        )
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -174,7 +178,9 @@ def load_factory(path: str, *, option: str = "--zmq-transport") -> Callable[...,
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ConfigError(f"{option}={path!r}: {module_name!r} has no attribute {attr_path!r}") from None
+            raise ConfigError(
+                f"{option}={path!r}: {module_name!r} has no attribute {attr_path!r}"
+            ) from None
     if not callable(target):
         raise ConfigError(f"{option}={path!r}: {attr_path!r} is not callable")
     return target  # type: ignore[no-any-return]
