@@ -99,11 +99,14 @@ def _proxy(p: dict[str, Any]) -> list[str]:
     out = [
         "## The fault proxy with no toxics vs direct TCP",
         "",
-        "| path | round trip µs | throughput MB/s |",
-        "| --- | ---: | ---: |",
+        "| path | round trip µs (p50) | added µs | throughput MB/s | vs direct |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for label, row in p["paths"].items():
-        out.append(f"| {label} | {_spread(row['rtt_us'])} | {_spread(row['mb_per_s'], digits=1)} |")
+        out.append(
+            f"| {label} | {_spread(row['rtt_us'])} | +{row['rtt_added_us']:.0f} | "
+            f"{_spread(row['mb_per_s'], digits=1)} | {row['throughput_ratio']:.2f} |"
+        )
     return [*out, ""]
 
 
