@@ -24,6 +24,7 @@ a user override is in use), ``zmq_blocked``, ``zmq_xpassed`` and
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import warnings
 from collections.abc import Generator, Sequence
@@ -39,6 +40,7 @@ from conformance.errors import ConfigError
 from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.reports import write_reports
 from conformance.verdicts import (
+    CHAOS_REASON,
     FAILING,
     ReplayContext,
     RunReport,
@@ -187,11 +189,11 @@ def _extend_args(config: pytest.Config, state: _State) -> None:
     args = list(config.args)
     inside = [a for a in args if _arg_inside(invocation, a, state.suite_dirs)]
     if state.only:
-        config.args[:] = inside if (explicit and inside) else _suite_files(state.suite_dirs)
+        config.args[:] = inside if (explicit and inside) else _suite_args(state.suite_dirs)
         return
     if inside or any(_arg_covers(invocation, a, state.suite_dirs) for a in args):
         return
-    config.args.extend(_suite_files(state.suite_dirs))
+    config.args.extend(_suite_args(state.suite_dirs))
 
 
 def _arg_path(invocation: Path, arg: str) -> Path:
@@ -226,20 +228,28 @@ def _arg_covers(invocation: Path, arg: str, dirs: Sequence[Path]) -> bool:
     return False
 
 
-def _suite_files(dirs: Sequence[Path]) -> list[str]:
-    """The suite's test files, named one by one so the user's ``python_files`` cannot hide them."""
-    files: list[str] = []
-    for suite_dir in dirs:
-        if suite_dir.is_file():
-            files.append(str(suite_dir))
-            continue
-        found = sorted(
-            p for p in suite_dir.rglob("*.py")
-            if (p.name.startswith("test_") or p.name.endswith("_test.py"))
-            and "__pycache__" not in p.parts
-        )
-        files.extend(str(p) for p in found)
-    return files or [str(d) for d in dirs]
+def _suite_args(dirs: Sequence[Path]) -> list[str]:
+    """The collection arguments for the suite: its directories.
+
+    Directories, not files: pytest names tests outside the rootdir relative
+    to the argument, so files would lose their module in the node ID.
+    """
+    return [str(d) for d in dirs]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Collect the suite's ``test_*.py`` even where the user's ``python_files`` would not."""
+    state = parent.config.stash.get(_STATE, None)
+    if state is None or not state.suite_dirs or file_path.suffix != ".py":
+        return None
+    if not file_path.name.startswith("test_") or parent.session.isinitpath(file_path):
+        return None
+    if not any(file_path.is_relative_to(d) for d in state.suite_dirs if d.is_dir()):
+        return None
+    patterns = [str(p) for p in parent.config.getini("python_files")]
+    if any(fnmatch.fnmatch(file_path.name, p) for p in patterns):
+        return None  # pytest's own Python collector takes it
+    return pytest.Module.from_parent(parent, path=file_path)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -247,6 +257,9 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """Tag clause tests, apply the xfail file, hold back chaos tests without ``--zmq-chaos``.
+
+    Chaos tests inside the suite's directories are deselected unless
+    ``--zmq-chaos`` is given or their file was named on the command line.
 
     Runs first, so the xfail file matches every collected test before ``-k``
     or ``-m`` deselect some.
@@ -269,16 +282,25 @@ def pytest_collection_modifyitems(
             item.user_properties.append(("zmq_chaos", "1"))
         tagged.append((item, ids))
     _apply_xfail(config, state, tagged)
-    if not state.chaos and state.suite_dirs:
+    suite_dirs = state.suite_dirs or _builtin_suite_dirs()
+    if not state.chaos and suite_dirs:
         held = [
             item for item, _ in tagged
             if ("zmq_chaos", "1") in item.user_properties
-            and any(item.path.is_relative_to(d) or item.path == d for d in state.suite_dirs)
+            and any(item.path.is_relative_to(d) or item.path == d for d in suite_dirs)
+            and not session.isinitpath(item.path)
         ]
         if held:
             held_ids = {id(i) for i in held}
             items[:] = [i for i in items if id(i) not in held_ids]
             config.hook.pytest_deselected(items=held)
+
+
+def _builtin_suite_dirs() -> list[Path]:
+    try:
+        return selection.suite_paths(chaos=False)
+    except ConfigError:
+        return []
 
 
 def _clause_ids(item: pytest.Item) -> tuple[str, ...] | None:
@@ -318,7 +340,7 @@ def _apply_xfail(
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
             item.stash[_XFAIL] = reason
             item.user_properties.append(("zmq_xfail", reason))
-    messages = []
+    messages: list[str] = []
     for entry in unmatched:
         what = "unknown clause" if xfail.unknown_clauses([entry]) else "no test"
         messages.append(
@@ -331,8 +353,11 @@ def _apply_xfail(
         config.workeroutput["zmq_conformance_warnings"] = messages  # type: ignore[attr-defined]
         if worker.get("workerid") != "gw0":
             return  # one warning per run, not one per worker
-    for message in messages:
-        warnings.warn(ZmqConformanceWarning(message), stacklevel=1)
+    for entry, message in zip(unmatched, messages, strict=True):
+        warnings.warn_explicit(
+            ZmqConformanceWarning(message), ZmqConformanceWarning,
+            state.xfail_origin, entry.line,
+        )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -406,7 +431,7 @@ class _Recorder:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config, state = self.config, self.state
-        if hasattr(config, "workerinput"):
+        if hasattr(config, "workerinput") or config.option.collectonly:
             return
         paths = {
             "json_path": config.getoption("zmq_report_json"),
@@ -463,9 +488,13 @@ def _summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
     seed = "random" if report.seed is None else report.seed
     tr.section(f"zmq-conformance: {report.transport} (profile {report.profile}, seed {seed})")
     chaos_skipped = 0
+    untested: list[str] = []
     for verdict in report.ordered():
-        if verdict.verdict == "skipped" and verdict.clause.chaos and not verdict.tests:
-            chaos_skipped += 1
+        if verdict.verdict == "skipped" and not verdict.tests:
+            if verdict.reason == CHAOS_REASON:
+                chaos_skipped += 1
+            else:
+                untested.append(verdict.clause.id)
             continue
         tests = len(verdict.tests)
         note = f"  [{verdict.reason}]" if verdict.reason and verdict.verdict != "passed" else ""
@@ -476,6 +505,8 @@ def _summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
             red=verdict.verdict in FAILING, green=verdict.verdict == "passed",
             yellow=verdict.verdict in ("skipped", "xfailed"),
         )
+    if untested:
+        tr.write_line(f"SKIPPED  no test collected: {', '.join(untested)}", yellow=True)
     counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
     extra = f" ({chaos_skipped} chaos clauses not run: use --zmq-chaos)" if chaos_skipped else ""
     tr.write_line(f"clauses: {counts}{extra}", bold=True)

@@ -1,0 +1,231 @@
+"""``zmq-conformance``: the suite's command-line face.
+
+``zmq-conformance run`` validates its options, then runs pytest (in a child
+interpreter, from the current directory) with the plugin
+(``--zmq-conformance-only`` and the matching ``--zmq-*`` options), so the
+CLI and ``pytest --zmq-conformance`` share one core. The
+verdicts come back through the JSON report, which the CLI always asks for
+(a temporary file when ``--json`` is not given).
+
+Exit status:
+
+* 0: every clause passed, failed as expected (xfail file) or was skipped;
+* 1: a clause failed, was blocked (a call hung) or unexpectedly passed;
+* 2: usage or configuration error (bad ``--transport``, unknown profile,
+  bad capability, unreadable xfail file, ``-k`` selecting nothing);
+* 3: the suite could not run (collection error, internal error, interrupt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conformance import profiles, selection, xfail
+from conformance.clauses import CLAUSES
+from conformance.errors import ConfigError
+from conformance.spec import ENV_TRANSPORT, spec_from_path
+from conformance.verdicts import ClauseVerdict, RunReport, exit_status
+
+PROG = "zmq-conformance"
+_PLUGIN_MODULE = "conformance.plugin"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Conformance suite for ZeroMQ peer-to-peer control transports.",
+        epilog="Exit status: 0 all clauses pass (or xfail/skip), 1 a clause failed, was "
+        "blocked or xpassed, 2 usage/configuration error, 3 the suite could not run.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the suite against a transport",
+                              description="Run the suite. Arguments after '--' go to pytest.")
+    run.add_argument("--transport", metavar="MODULE:ATTR",
+                     help=f"transport factory (default: ${ENV_TRANSPORT}, then the pytest ini "
+                          "option zmq_transport, then reference_impl:ZmqTransport)")
+    run.add_argument("--profile", default=None, choices=None, metavar="NAME",
+                     help=f"depth profile: {', '.join(profiles.PROFILES)} "
+                          f"(default {profiles.DEFAULT_PROFILE})")
+    run.add_argument("--capability", action="append", default=[], metavar="NAME=VALUE",
+                     help="declare a capability of the transport (repeatable)")
+    run.add_argument("--json", metavar="PATH", help="write per-clause verdicts as JSON")
+    run.add_argument("--junitxml", metavar="PATH", help="write per-clause JUnit XML")
+    run.add_argument("--markdown", metavar="PATH", help="write a Markdown report")
+    run.add_argument("--xfail-file", metavar="PATH",
+                     help="expected failures ('CLAUSE-ID: reason' or 'test-id: reason' lines)")
+    run.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR")
+    run.add_argument("-n", dest="numprocesses", metavar="N",
+                     help="run in N processes (pytest-xdist; 'auto' for one per CPU)")
+    run.add_argument("--hypothesis-seed", metavar="SEED",
+                     help="seed for Hypothesis (default: a fresh random seed, reported)")
+    run.add_argument("--chaos", action="store_true",
+                     help="also run the chaos clauses (heartbeats under injected faults)")
+    run.add_argument("--suite", action="append", default=[], metavar="PATH",
+                     help="run PATH instead of the built-in suite (suite development)")
+    run.add_argument("-q", "--quiet", action="store_true", help="less pytest output")
+    run.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                     help="after '--': extra pytest arguments")
+
+    lister = commands.add_parser("list", help="list every clause with its requirement")
+    lister.add_argument("--json", action="store_true", help="print the clauses as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        return _list(as_json=args.json)
+    try:
+        pytest_args, json_path, cleanup = _pytest_args(args)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(pytest_args, json_path)
+    finally:
+        if cleanup is not None:
+            cleanup.cleanup()
+
+
+def _list(*, as_json: bool) -> int:
+    if as_json:
+        data = {
+            cid: {"title": c.title, "requirement": c.requirement, "chaos": c.chaos}
+            for cid, c in CLAUSES.items()
+        }
+        print(json.dumps(data, indent=2))
+        return 0
+    for clause in CLAUSES.values():
+        marker = "  [chaos]" if clause.chaos else ""
+        print(f"{clause.id:7} {clause.title}{marker}")
+        for line in textwrap.wrap(clause.requirement, width=88):
+            print(f"        {line}")
+    return 0
+
+
+def _pytest_args(
+    args: argparse.Namespace,
+) -> tuple[list[str], Path, tempfile.TemporaryDirectory[str] | None]:
+    """Validate the options and translate them into the plugin's; ConfigError on bad input."""
+    out = ["--zmq-conformance-only"]
+    if args.profile is not None:
+        if args.profile not in profiles.PROFILES:
+            raise ConfigError(
+                f"--profile={args.profile!r}: unknown profile; choose one of "
+                f"{', '.join(profiles.PROFILES)}"
+            )
+        out += ["--zmq-profile", args.profile]
+    overrides = selection.parse_capabilities([], args.capability)
+    for item in args.capability:
+        out += ["--zmq-capability", item]
+    if args.transport is not None:
+        spec_from_path(args.transport, overrides=overrides, option="--transport")
+        out += ["--zmq-transport", args.transport]
+    elif os.environ.get(ENV_TRANSPORT):
+        spec_from_path(os.environ[ENV_TRANSPORT], overrides=overrides,
+                                 option=ENV_TRANSPORT)
+    if args.xfail_file:
+        xfail.load(args.xfail_file, option="--xfail-file")
+        out += ["--zmq-xfail-file", args.xfail_file]
+    for path in args.suite:
+        if not Path(path).exists():
+            raise ConfigError(f"--suite={path!r}: no such file or directory")
+        out += ["--zmq-suite", path]
+    if args.numprocesses is not None:
+        if importlib.util.find_spec("xdist") is None:
+            raise ConfigError("-n: pytest-xdist is not installed (pip install pytest-xdist)")
+        out += ["-n", str(args.numprocesses)]
+    seed = args.hypothesis_seed
+    if seed is None:
+        seed = str(random.SystemRandom().randrange(2**32))
+    elif not seed.isdigit():
+        raise ConfigError(f"--hypothesis-seed={seed!r}: expected a non-negative integer")
+    out.append(f"--hypothesis-seed={seed}")
+    if args.keyword:
+        out += ["-k", args.keyword]
+    if args.chaos:
+        out.append("--zmq-chaos")
+    if args.quiet:
+        out.append("-q")
+    cleanup: tempfile.TemporaryDirectory[str] | None = None
+    if args.json:
+        json_path = Path(args.json).resolve()
+    else:
+        cleanup = tempfile.TemporaryDirectory(prefix="zmq-conformance-")
+        json_path = Path(cleanup.name) / "verdicts.json"
+    out += ["--zmq-report-json", str(json_path)]
+    if args.junitxml:
+        out += ["--zmq-report-junit", str(Path(args.junitxml).resolve())]
+    if args.markdown:
+        out += ["--zmq-report-markdown", str(Path(args.markdown).resolve())]
+    extra = list(args.pytest_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    if not _plugin_autoloaded():
+        out = ["-p", _PLUGIN_MODULE, *out]
+    return out + extra, json_path, cleanup
+
+
+def _plugin_autoloaded() -> bool:
+    """True when pytest will load the plugin through its ``pytest11`` entry point."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    try:
+        points = importlib.metadata.entry_points(group="pytest11")
+    except Exception:  # broken metadata: be explicit rather than fail
+        return False
+    return any(ep.value.split(":")[0] == _PLUGIN_MODULE for ep in points)
+
+
+def _run(pytest_args: list[str], json_path: Path) -> int:
+    """Run pytest in a child interpreter (a clean import state for assertion rewriting
+    and the user's transport), then derive the exit status from the verdicts."""
+    command = [sys.executable, "-m", "pytest", *pytest_args]
+    try:
+        status = subprocess.run(command, check=False).returncode
+    except KeyboardInterrupt:
+        return 3
+    report = _read_report(json_path)
+    for warning in report.warnings if report is not None else ():
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    code = exit_status(report, status)
+    if status == 5:
+        print(f"{PROG}: error: no test selected (check -k / --suite)", file=sys.stderr)
+    return code
+
+
+def _read_report(path: Path) -> RunReport | None:
+    """The verdicts the plugin wrote, reduced to what the exit status needs."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    verdicts = {
+        cid: ClauseVerdict(CLAUSES[cid], str(entry.get("verdict", "skipped")))
+        for cid, entry in data.get("clauses", {}).items()
+        if cid in CLAUSES
+    }
+    return RunReport(
+        transport=str(data.get("transport")), profile=str(data.get("profile")),
+        seed=data.get("seed"), clauses=verdicts,
+        warnings=[str(w) for w in data.get("warnings", [])],
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,578 @@
+"""Nodes, ports and synchronisation for tests against a transport.
+
+The suite, the stateful machines and the chaos tests all drive transports
+through this module, so they share its guarantees:
+
+- **Ports never collide.** :func:`free_port` asks the kernel for a free port
+  on ``127.0.0.1``; a node whose bind then fails with ``EADDRINUSE`` (another
+  process or xdist worker took the port in between) is rebuilt on a new port.
+  :meth:`Cluster.restart` rebuilds a node on the *same* port, retrying
+  briefly while libzmq still holds the old listener.
+- **Nothing hangs.** Every call into the implementation goes through
+  :mod:`conformance.watchdog`, so a call that blocks raises
+  :class:`~conformance.errors.CallBlocked` naming the call.
+- **No sleeps as synchronisation.** :func:`wait_until` drives ``poll()`` on
+  the given nodes until a condition holds and fails with a message saying
+  what did not happen when the deadline passes.
+- **Only the interface.** Nodes and connections are reached through the
+  duck-typed interface of ``DESIGN.md``; the raw objects stay available as
+  ``.transport`` and ``.raw``.
+
+Typical use::
+
+    with Cluster(spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        conn = a.connect(b)
+        conn.send({"n": 1})
+        inbound = wait_inbound(b, a.local_id, nodes=[a, b])
+        assert inbound.recv() == [{"n": 1}]
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import zmq
+
+from conformance import profiles, watchdog
+from conformance.errors import CallBlocked
+from conformance.spec import TransportSpec
+
+__all__ = [
+    "DEFAULT_WAIT_S",
+    "expect_error",
+    "HOST",
+    "Cluster",
+    "Connection",
+    "Node",
+    "free_port",
+    "handshake",
+    "is_address_in_use",
+    "receive",
+    "scaled",
+    "unreachable_address",
+    "wait_inbound",
+    "wait_until",
+]
+
+T = TypeVar("T")
+
+HOST = "127.0.0.1"
+#: Default deadline of :func:`wait_until`: ample for anything on loopback.
+DEFAULT_WAIT_S = 5.0
+#: Fresh ports tried by :meth:`Cluster.add_node` before giving up.
+_BIND_ATTEMPTS = 8
+#: How long :meth:`Cluster.restart` retries a port libzmq has not released yet.
+_REBIND_WINDOW_S = 3.0
+#: Pause between polls in :func:`wait_until`: keeps a busy loop off the CPU
+#: without adding visible latency.
+_POLL_PAUSE_S = 0.001
+
+_names = itertools.count()
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port on ``host`` that was free a moment ago.
+
+    Binds port 0, reads the port the kernel chose and closes the socket. The
+    port can be taken again before the caller binds it; callers retry on
+    ``EADDRINUSE`` (:meth:`Cluster.add_node` does).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def is_address_in_use(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it was raised from) is ``EADDRINUSE``.
+
+    Transports wrap bind errors in their own exceptions, so the whole chain
+    and the message text are inspected.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, zmq.ZMQError) and current.errno == zmq.EADDRINUSE:
+            return True
+        if isinstance(current, OSError) and current.errno == errno.EADDRINUSE:
+            return True
+        if "address already in use" in str(current).lower():
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@contextmanager
+def unreachable_address(host: str = HOST) -> Iterator[str]:
+    """A ``"host:port"`` nobody listens on, for as long as the block runs.
+
+    The port is bound but not listening, so connecting to it is refused, no
+    other process can start listening on it, and the kernel cannot hand it
+    out as the source port of a connection (which could make a connection to
+    it connect to itself).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        yield f"{host}:{sock.getsockname()[1]}"
+
+
+def wait_until(
+    condition: Callable[[], T],
+    *,
+    nodes: Iterable[Node] = (),
+    timeout: float = DEFAULT_WAIT_S,
+    what: str,
+) -> T:
+    """Drive ``poll()`` on ``nodes`` until ``condition()`` is truthy; return its value.
+
+    The condition is checked first, then each open node is polled (through
+    the watchdog), with a 1 ms pause per round. When ``timeout`` seconds pass
+    without success, raises ``AssertionError("timed out after ...: <what>")``.
+    Never sleeps for a fixed time and never hangs.
+    """
+    node_list = list(nodes)
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f} s waiting for: {what}")
+        for node in node_list:
+            if not node.closed:
+                node.poll()
+        time.sleep(_POLL_PAUSE_S)
+
+
+def wait_inbound(
+    node: Node,
+    peer_id: str,
+    *,
+    nodes: Iterable[Node] = (),
+    exclude: Iterable[Connection] = (),
+    timeout: float = DEFAULT_WAIT_S,
+    what: str | None = None,
+) -> Connection:
+    """Poll ``node`` (and ``nodes``) until it reports an inbound connection from ``peer_id``.
+
+    Connections in ``exclude`` (e.g. the peer's previous one) do not count.
+    Returns the first matching connection ``node.poll()`` has returned.
+    """
+    skip = {id(c.raw) for c in exclude}
+    pollers = [node, *(n for n in nodes if n is not node)]
+
+    def found() -> Connection | None:
+        for conn in node.inbound:
+            if id(conn.raw) not in skip and conn.peer_id == peer_id:
+                return conn
+        return None
+
+    return wait_until(
+        found,
+        nodes=pollers,
+        timeout=timeout,
+        what=what or f"{node.name} to report an inbound connection from {peer_id} via poll()",
+    )
+
+
+def receive(
+    conn: Connection,
+    count: int,
+    *,
+    nodes: Iterable[Node] = (),
+    timeout: float = DEFAULT_WAIT_S,
+    what: str | None = None,
+) -> list[dict[str, Any]]:
+    """Call ``conn.recv()`` while polling ``nodes`` until ``count`` messages arrived.
+
+    Returns everything received (possibly more than ``count``, which the
+    caller can assert on). The connection's own node is always polled.
+    """
+    got: list[dict[str, Any]] = []
+    pollers = [conn.node, *(n for n in nodes if n is not conn.node)]
+
+    def enough() -> bool:
+        got.extend(conn.recv())
+        return len(got) >= count
+
+    wait_until(
+        enough,
+        nodes=pollers,
+        timeout=timeout,
+        what=what or f"{count} message(s) on {conn} (got {len(got)} so far)",
+    )
+    return got
+
+
+def expect_error(action: Callable[[], object], *, what: str) -> Exception:
+    """Run ``action`` and return the exception it raised; fail if it raised none.
+
+    :class:`CallBlocked` is never taken for the expected error: a call that
+    hangs is reported as blocked, not as "raised".
+    """
+    try:
+        action()
+    except CallBlocked:
+        raise
+    except Exception as exc:
+        return exc
+    raise AssertionError(f"{what} did not raise")
+
+
+def scaled(count: int) -> int:
+    """``count`` times the active profile's ``repeat_scale`` (at least 1).
+
+    Loop counts of example tests (flapping cycles, floods) go through this, so
+    ``--zmq-profile thorough`` digs deeper without touching the tests.
+    """
+    return max(1, round(count * profiles.active().repeat_scale))
+
+
+def handshake(
+    a: Node, b: Node, *, hello: dict[str, Any] | None = None, timeout: float = DEFAULT_WAIT_S
+) -> tuple[Connection, Connection]:
+    """``a`` connects to ``b`` and sends ``hello``; returns (a's connection, b's inbound one).
+
+    Waits until ``b``'s ``poll()`` reports the inbound connection and its
+    ``recv()`` has returned the hello, so both ends are established.
+    """
+    message = hello if hello is not None else {"hello": a.local_id}
+    out = a.connect(b)
+    out.send(message)
+    inbound = wait_inbound(b, a.local_id, nodes=[a], timeout=timeout,
+                           exclude=[c for c in b.inbound if c.peer_id == a.local_id])
+    got = receive(inbound, 1, nodes=[a], timeout=timeout,
+                  what=f"the hello from {a.local_id} at {b.name}")
+    if got != [message]:
+        raise AssertionError(f"{b.name} received {got!r} instead of the hello {message!r}")
+    return out, inbound
+
+
+class Connection:
+    """A connection object of the implementation, with every call guarded.
+
+    Behaves like the raw connection (``peer_id``, ``alive``, ``send``,
+    ``recv``, ``mark_dead``, ``close``) and checks what the interface
+    promises about return types. ``raw`` is the implementation's object;
+    ``received`` keeps everything ``recv()`` has returned through this proxy.
+    """
+
+    def __init__(self, raw: Any, node: Node, *, inbound: bool) -> None:
+        self.raw = raw
+        self.node = node
+        self.inbound = inbound
+        self.received: list[dict[str, Any]] = []
+
+    @property
+    def peer_id(self) -> str:
+        with watchdog.guard(f"{self._where()}.peer_id"):
+            value = self.raw.peer_id
+        if not isinstance(value, str):
+            raise AssertionError(f"{self._where()}: peer_id is {value!r}, not a str")
+        return value
+
+    @property
+    def alive(self) -> bool:
+        with watchdog.guard(f"{self._where()}.alive"):
+            value = self.raw.alive
+        if not isinstance(value, bool):
+            raise AssertionError(f"{self._where()}: alive is {value!r}, not a bool")
+        return value
+
+    def send(self, msg: dict[str, Any], *, limit: float | None = None) -> None:
+        """``raw.send(msg)``; ``limit`` overrides the watchdog limit for this call."""
+        with watchdog.guard(f"{self._where()}.send()", limit):
+            self.raw.send(msg)
+
+    def recv(self) -> list[dict[str, Any]]:
+        """``raw.recv()`` as a list, checked to hold only dicts."""
+        with watchdog.guard(f"{self._where()}.recv()"):
+            result = self.raw.recv()
+        if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
+            raise AssertionError(
+                f"{self._where()}.recv() returned {type(result).__name__}, "
+                "not a sequence of messages"
+            )
+        messages = list(result)
+        for msg in messages:
+            if not isinstance(msg, dict):
+                raise AssertionError(
+                    f"{self._where()}.recv() handed over a {type(msg).__name__} ({msg!r:.80}); "
+                    "messages are dicts and a peer's non-dict payload must be dropped (POLL-3)"
+                )
+        self.received.extend(messages)
+        return messages
+
+    def mark_dead(self) -> None:
+        with watchdog.guard(f"{self._where()}.mark_dead()"):
+            self.raw.mark_dead()
+
+    def close(self) -> None:
+        with watchdog.guard(f"{self._where()}.close()"):
+            self.raw.close()
+
+    def _where(self) -> str:
+        side = "inbound" if self.inbound else "outbound"
+        return f"{self.node.name}:{side} connection"
+
+    def __repr__(self) -> str:
+        side = "inbound" if self.inbound else "outbound"
+        return f"<Connection {side} on {self.node.name} ({self.node.local_id}) raw={self.raw!r}>"
+
+
+class Node:
+    """One transport instance: its address, its raw transport, what ``poll()`` returned.
+
+    ``inbound`` lists every connection ``poll()`` has returned since the node
+    was (re)built, in order, one entry per time it was returned, so
+    ``POLL-1``'s exactly-once is checkable. Build nodes with
+    :meth:`Cluster.add_node`.
+    """
+
+    def __init__(self, name: str, *, host: str, port: int, local_id: str, transport: Any) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.local_id = local_id
+        self.transport = transport
+        self.closed = False
+        self.generation = 0
+        self.inbound: list[Connection] = []
+        self.polls = 0
+        self._wrappers: dict[int, Connection] = {}
+
+    def connect(self, peer: Node | str) -> Connection:
+        """``transport.connect(peer_id)`` (guarded); returns the connection proxy."""
+        peer_id = peer.local_id if isinstance(peer, Node) else peer
+        with watchdog.guard(f"{self.name}.connect({peer_id!r})"):
+            raw = self.transport.connect(peer_id)
+        return self._wrap(raw, inbound=False)
+
+    def poll(self) -> list[Connection]:
+        """``transport.poll()`` (guarded); records and returns the new inbound connections."""
+        with watchdog.guard(f"{self.name}.poll()"):
+            result = self.transport.poll()
+        self.polls += 1
+        if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
+            raise AssertionError(
+                f"{self.name}.poll() returned {type(result).__name__}, "
+                "not a sequence of connections"
+            )
+        new = [self._wrap(raw, inbound=True) for raw in result]
+        self.inbound.extend(new)
+        return new
+
+    def close(self) -> None:
+        """``transport.close()`` (guarded). Marks the node closed even if it raises."""
+        self.closed = True
+        with watchdog.guard(f"{self.name}.close()"):
+            self.transport.close()
+
+    def wrap(self, raw: Any) -> Connection:
+        """The proxy for a raw connection object of this node."""
+        found = self._wrappers.get(id(raw))
+        if found is None:
+            raise KeyError(f"{raw!r} was never returned by {self.name}")
+        return found
+
+    def _wrap(self, raw: Any, *, inbound: bool) -> Connection:
+        found = self._wrappers.get(id(raw))
+        if found is not None and found.raw is raw:
+            return found
+        proxy = Connection(raw, self, inbound=inbound)
+        # The proxy keeps ``raw`` alive, so its id is not reused while cached.
+        self._wrappers[id(raw)] = proxy
+        return proxy
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Node {self.name} {self.local_id} port={self.port} {state}>"
+
+
+class Cluster:
+    """A set of nodes built from one :class:`TransportSpec`; closes them all on exit.
+
+    ``host`` is where nodes bind (``127.0.0.1``). ``call_limit`` overrides the
+    watchdog limit for building and closing nodes.
+    """
+
+    def __init__(
+        self, spec: TransportSpec, *, host: str = HOST, call_limit: float | None = None
+    ) -> None:
+        self.spec = spec
+        self.host = host
+        self.call_limit = call_limit
+        self.nodes: list[Node] = []
+        self._build_options: dict[int, dict[str, int]] = {}
+
+    # -- building ---------------------------------------------------------
+
+    def add_node(
+        self,
+        name: str | None = None,
+        *,
+        port: int | None = None,
+        local_id: str | None = None,
+        **options: int,
+    ) -> Node:
+        """Build a node bound on ``host:port`` and known as ``local_id``.
+
+        Without ``port`` a free one is chosen, and a new one tried (up to
+        8 times) when binding fails with ``EADDRINUSE``. ``local_id``
+        defaults to ``"host:port"``; pass the proxy's address when a proxy
+        sits in front of the node. ``options`` are heartbeat overrides handed
+        to :meth:`TransportSpec.build`.
+        """
+        label = name or f"node{next(_names)}"
+        attempts = 1 if port is not None else _BIND_ATTEMPTS
+        last: BaseException | None = None
+        for _ in range(attempts):
+            chosen = port if port is not None else free_port(self.host)
+            ident = local_id or f"{self.host}:{chosen}"
+            try:
+                transport = self._build(label, ident, chosen, options)
+            except CallBlocked:
+                raise
+            except Exception as exc:
+                if not is_address_in_use(exc):
+                    raise
+                last = exc
+                continue
+            node = Node(label, host=self.host, port=chosen, local_id=ident, transport=transport)
+            self.nodes.append(node)
+            self._build_options[id(node)] = dict(options)
+            return node
+        raise AssertionError(
+            f"could not bind node {label!r} after {attempts} attempt(s): {last!r}"
+        ) from last
+
+    def restart(self, node: Node) -> Node:
+        """Close ``node``'s transport and build a new one on the same port and ``local_id``.
+
+        Binding is retried for up to 3 s while the old listener is still being
+        released. The same :class:`Node` is returned with a new transport, an
+        empty ``inbound`` list and ``generation`` incremented.
+        """
+        if not node.closed:
+            node.close()
+        options = self._build_options.get(id(node), {})
+        deadline = time.monotonic() + _REBIND_WINDOW_S
+        while True:
+            try:
+                transport = self._build(node.name, node.local_id, node.port, options)
+                break
+            except CallBlocked:
+                raise
+            except Exception as exc:
+                if not is_address_in_use(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
+        node.transport = transport
+        node.closed = False
+        node.generation += 1
+        node.inbound = []
+        node._wrappers = {}
+        return node
+
+    def _build(self, label: str, local_id: str, port: int, options: dict[str, int]) -> Any:
+        with watchdog.guard(f"factory({local_id!r}, {self.host!r}, {port}) for {label}",
+                            self.call_limit):
+            return self.spec.build(local_id, self.host, port, **options)
+
+    # -- driving ----------------------------------------------------------
+
+    def open_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if not n.closed]
+
+    def poll_all(self) -> dict[str, list[Connection]]:
+        """Poll every open node once; new inbound connections by node name."""
+        return {node.name: node.poll() for node in self.open_nodes()}
+
+    def drive(self, seconds: float, *, nodes: Iterable[Node] | None = None) -> None:
+        """Poll ``nodes`` (default: all open ones) repeatedly for ``seconds``.
+
+        Not a synchroniser: use it to open a window in which traffic lands
+        at *other* nodes without them being polled, or to observe that
+        something does *not* happen within a bounded time.
+        """
+        targets = list(nodes) if nodes is not None else self.open_nodes()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for node in targets:
+                if not node.closed:
+                    node.poll()
+            time.sleep(_POLL_PAUSE_S)
+
+    def settle(
+        self, *, quiet: float = 0.05, timeout: float = 2.0, nodes: Iterable[Node] | None = None
+    ) -> list[Connection]:
+        """Poll until no node reports a new inbound connection for ``quiet`` seconds.
+
+        Returns the inbound connections reported meanwhile. Stops after
+        ``timeout`` even if connections keep arriving.
+        """
+        targets = list(nodes) if nodes is not None else self.open_nodes()
+        seen: list[Connection] = []
+        deadline = time.monotonic() + timeout
+        last_news = time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - last_news < quiet:
+            for node in targets:
+                if not node.closed:
+                    new = node.poll()
+                    if new:
+                        seen.extend(new)
+                        last_news = time.monotonic()
+            time.sleep(_POLL_PAUSE_S)
+        return seen
+
+    def wait_until(
+        self,
+        condition: Callable[[], T],
+        *,
+        what: str,
+        timeout: float = DEFAULT_WAIT_S,
+        nodes: Iterable[Node] | None = None,
+    ) -> T:
+        """:func:`wait_until` polling ``nodes`` (default: every open node)."""
+        targets = list(nodes) if nodes is not None else self.open_nodes()
+        return wait_until(condition, nodes=targets, timeout=timeout, what=what)
+
+    # -- teardown ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every open node, each under the watchdog.
+
+        Every node is attempted even if an earlier one blocks or raises; the
+        first error (a :class:`CallBlocked` first) is raised afterwards.
+        """
+        errors: list[BaseException] = []
+        for node in self.nodes:
+            if node.closed:
+                continue
+            try:
+                node.close()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            blocked = [e for e in errors if isinstance(e, CallBlocked)]
+            raise (blocked or errors)[0]
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.close()
+        except Exception as close_error:
+            if exc is None:
+                raise
+            # Keep the test's own failure as the primary one.
+            exc.add_note(f"also, while closing the cluster: {close_error!r}")

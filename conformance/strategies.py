@@ -1,0 +1,260 @@
+"""Hypothesis strategies: honest messages and hostile wire input.
+
+Honest messages (:func:`messages`) are dicts with ``str`` keys of everything
+MessagePack represents: nested maps and lists, unicode and binary strings,
+integers over the whole signed and unsigned 64-bit range, floats including
+``-0.0``, the infinities and NaN, booleans and ``None``. They stay small
+(a few kilobytes), far below any sensible ``max_message_bytes``.
+:func:`first_difference` compares a sent message with a received one
+strictly: ``True`` is not ``1``, ``1`` is not ``1.0``, ``-0.0`` is not
+``0.0``, ``str`` is not ``bytes``, and NaN equals NaN.
+
+Hostile input (POLL-3, SEC-1): routing identities no honest node would
+present (:func:`hostile_identities`), payloads that are not an encoded dict
+(:func:`hostile_payloads`) and frame lists of the wrong length
+(:func:`hostile_frames`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+from hypothesis import strategies as st
+
+__all__ = [
+    "INT64_MIN",
+    "UINT64_MAX",
+    "encoded_size",
+    "first_difference",
+    "hostile_frames",
+    "hostile_identities",
+    "hostile_payloads",
+    "is_plausible_peer_id",
+    "message_of_size",
+    "messages",
+    "msgpack_values",
+    "nesting_bomb",
+]
+
+INT64_MIN = -(2**63)
+UINT64_MAX = 2**64 - 1
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encoded_size(msg: Any) -> int:
+    """Bytes of the MessagePack encoding of ``msg``."""
+    return len(_encoder.encode(msg))
+
+
+def _scalars() -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=INT64_MIN, max_value=UINT64_MAX),
+        st.sampled_from([0, -1, 2**31, 2**32, 2**63 - 1, INT64_MIN, 2**63, UINT64_MAX]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, 1.7976931348623157e308]),
+        st.text(max_size=40),
+        st.binary(max_size=64),
+    )
+
+
+def msgpack_values(*, max_leaves: int = 20) -> st.SearchStrategy[Any]:
+    """Any MessagePack-representable value; maps have ``str`` keys."""
+    return st.recursive(
+        _scalars(),
+        lambda children: st.one_of(
+            st.lists(children, max_size=5),
+            st.dictionaries(st.text(max_size=12), children, max_size=5),
+        ),
+        max_leaves=max_leaves,
+    )
+
+
+def messages(*, max_leaves: int = 20) -> st.SearchStrategy[dict[str, Any]]:
+    """A message: a dict with ``str`` keys of :func:`msgpack_values` (a few KB at most)."""
+    return st.dictionaries(st.text(max_size=16), msgpack_values(max_leaves=max_leaves),
+                           max_size=6)
+
+
+def message_of_size(size: int, *, key: str = "blob") -> dict[str, Any]:
+    """``{key: bytes}`` whose MessagePack encoding is exactly ``size`` bytes.
+
+    Raises ``ValueError`` when ``size`` is smaller than the smallest such
+    message.
+    """
+    overhead = encoded_size({key: b""})
+    if size < overhead:
+        raise ValueError(f"no {{{key!r}: bytes}} message encodes to {size} bytes")
+    # The bin header grows (2 -> 3 -> 5 bytes) with the length; search down.
+    for extra_header in (0, 1, 3):
+        n = size - overhead - extra_header
+        if n >= 0 and encoded_size({key: bytes(n)}) == size:
+            return {key: bytes(n)}
+    raise ValueError(f"no {{{key!r}: bytes}} message encodes to exactly {size} bytes")
+
+
+def first_difference(sent: Any, got: Any, path: str = "msg") -> str | None:
+    """Where ``got`` differs from ``sent``, as ``"msg['a'][2]: ..."``; ``None`` if equal.
+
+    Strict about types (bool/int/float, str/bytes, list/dict), NaN-aware,
+    and tells ``-0.0`` from ``0.0``. Any bytes-like ``got`` may stand for
+    ``bytes``.
+    """
+    if isinstance(sent, bool) or sent is None:
+        if got is not sent:
+            return f"{path}: sent {sent!r}, got {got!r}"
+        return None
+    if isinstance(sent, int):
+        if type(got) is not int or got != sent:
+            return f"{path}: sent int {sent!r}, got {type(got).__name__} {got!r}"
+        return None
+    if isinstance(sent, float):
+        if type(got) is not float:
+            return f"{path}: sent float {sent!r}, got {type(got).__name__} {got!r}"
+        if math.isnan(sent) and math.isnan(got):
+            return None
+        if got != sent or math.copysign(1.0, got) != math.copysign(1.0, sent):
+            return f"{path}: sent {sent!r}, got {got!r}"
+        return None
+    if isinstance(sent, str):
+        if type(got) is not str or got != sent:
+            return f"{path}: sent str {sent!r:.60}, got {type(got).__name__} {got!r:.60}"
+        return None
+    if isinstance(sent, (bytes, bytearray, memoryview)):
+        if not isinstance(got, (bytes, bytearray, memoryview)) or bytes(got) != bytes(sent):
+            return f"{path}: sent bytes {bytes(sent)!r:.60}, got {type(got).__name__} {got!r:.60}"
+        return None
+    if isinstance(sent, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"{path}: sent a list, got {type(got).__name__} {got!r:.60}"
+        if len(got) != len(sent):
+            return f"{path}: sent {len(sent)} items, got {len(got)}"
+        for i, (a, b) in enumerate(zip(sent, got, strict=True)):
+            diff = first_difference(a, b, f"{path}[{i}]")
+            if diff:
+                return diff
+        return None
+    if isinstance(sent, dict):
+        if not isinstance(got, dict):
+            return f"{path}: sent a dict, got {type(got).__name__} {got!r:.60}"
+        if set(got) != set(sent):
+            missing = sorted(map(repr, set(sent) - set(got)))
+            extra = sorted(map(repr, set(got) - set(sent)))
+            return f"{path}: keys differ (missing {missing}, unexpected {extra})"
+        for k in sent:
+            diff = first_difference(sent[k], got[k], f"{path}[{k!r}]")
+            if diff:
+                return diff
+        return None
+    raise TypeError(f"{path}: {type(sent).__name__} is not a MessagePack value")
+
+
+# -- hostile input ---------------------------------------------------------
+
+
+def is_plausible_peer_id(identity: bytes) -> bool:
+    """Whether ``identity`` could be an honest node's ``"host:port"``.
+
+    UTF-8, a non-empty host, and an ASCII-decimal port in 1..65535 after the
+    last ``:``. Identities failing this must never become connections
+    (POLL-3); ones passing it may (the host part is not checked further).
+    """
+    try:
+        text = identity.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isascii() or not port.isdigit():
+        return False
+    return 0 < int(port) < 65536
+
+
+def hostile_identities() -> st.SearchStrategy[bytes | None]:
+    """Routing identities an honest node never presents; ``None`` means anonymous.
+
+    libzmq accepts 1..255-byte identities and reserves a leading zero byte
+    for the ids it generates itself, so those are produced only by
+    anonymity (``None``).
+    """
+    non_utf8 = st.binary(min_size=0, max_size=30).map(lambda b: b"\xff" + b)
+    no_colon = st.text(
+        alphabet=st.characters(blacklist_characters=":\x00"), min_size=1, max_size=40
+    ).map(lambda s: s.encode())
+    bad_port = st.sampled_from(
+        [b"127.0.0.1:", b":", b":1", b"host:notaport", b"127.0.0.1:99999", b"127.0.0.1:-1",
+         b"127.0.0.1:0", b"127.0.0.1:\xc2\xb2", b"127.0.0.1:1:2", b"[::1]", b"a\x00b:1",
+         b"\x01:1", b" :1", b"127.0.0.1:65536", b"127.0.0.1: 80"]
+    )
+    very_long = st.integers(min_value=200, max_value=255).map(lambda n: b"h" * (n - 2) + b":1")
+    return st.one_of(st.none(), non_utf8, no_colon, bad_port, very_long)
+
+
+def _non_dict_values() -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=INT64_MIN, max_value=UINT64_MAX),
+        st.floats(allow_nan=False),
+        st.text(max_size=20),
+        st.binary(max_size=20),
+        st.lists(st.integers(min_value=INT64_MIN, max_value=UINT64_MAX), max_size=4),
+    )
+
+
+def hostile_payloads() -> st.SearchStrategy[bytes]:
+    """One frame that is not the MessagePack encoding of a ``str``-keyed dict."""
+    valid = st.builds(lambda m: _encoder.encode(m), messages(max_leaves=4))
+    return st.one_of(
+        st.binary(max_size=64),  # garbage (sometimes accidentally valid)
+        st.builds(lambda v: _encoder.encode(v), _non_dict_values()),
+        valid.flatmap(lambda b: st.integers(0, max(len(b) - 1, 0)).map(lambda n: b[:n])),
+        valid.map(lambda b: b + b"\xc1"),  # trailing byte (0xc1 is never used)
+        st.sampled_from(
+            [
+                b"",
+                b"\xc1",
+                b"\x81\x01\x02",  # map with an int key
+                b"\x81\xc4\x01k\x01",  # map with a bytes key
+                b"\x81\x90\x01",  # map with a list key (unhashable)
+                b"\x81\x80\x01",  # map with a map key (unhashable)
+                b"\x81\xa1k\xd4\x05\x00",  # an ext type value
+                b"\x81\xa1k\xd6\xff\x00\x00\x00\x00",  # the timestamp ext type
+                b"\xdf\xff\xff\xff\xff",  # map claiming 4 G entries
+                b"\xdd\xff\xff\xff\xff",  # array claiming 4 G items
+                b"\xc6\xff\xff\xff\xff",  # bin claiming 4 GB
+            ]
+        ),
+        # Built on demand so a failure report does not print 100 KB.
+        st.sampled_from(["arrays", "maps"]).map(nesting_bomb),
+    )
+
+
+def nesting_bomb(kind: str, depth: int = 100_000) -> bytes:
+    """MessagePack nested ``depth`` levels deep (``"arrays"`` or ``"maps"``).
+
+    Deeper than any decoder's recursion limit: decoding must fail cleanly.
+    """
+    if kind == "arrays":
+        return b"\x91" * depth + b"\xc0"
+    if kind == "maps":
+        return b"\x81\xa1k" * depth + b"\xc0"
+    raise ValueError(f"nesting_bomb kind must be 'arrays' or 'maps', not {kind!r}")
+
+
+def hostile_frames() -> st.SearchStrategy[list[bytes]]:
+    """Frame lists a DEALER may send: wrong counts, and bad single payloads.
+
+    An empty list means "one empty frame" (ZeroMQ cannot send zero frames).
+    """
+    payload = hostile_payloads()
+    valid = st.builds(lambda m: _encoder.encode(m), messages(max_leaves=4))
+    return st.one_of(
+        payload.map(lambda p: [p]),
+        st.just([]),
+        st.lists(st.one_of(payload, valid), min_size=2, max_size=4),
+        valid.map(lambda v: [b"", v]),  # REQ-style delimiter
+    )

@@ -1,0 +1,262 @@
+"""Messages: MSG-1 .. MSG-5.
+
+Fidelity and ordering are properties over Hypothesis-generated messages and
+send/poll schedules; ``send()`` never blocking (MSG-4) is checked through the
+watchdog, not with timing asserts: a ``send()`` that blocks is interrupted
+and reported as blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import profiles
+from conformance.errors import CallBlocked
+from conformance.harness import (
+    Cluster,
+    Node,
+    handshake,
+    receive,
+    scaled,
+    unreachable_address,
+    wait_until,
+)
+from conformance.hostile import HostilePeer, StalledListener, learn_wire_format
+from conformance.spec import TransportSpec
+from conformance.strategies import first_difference, message_of_size, messages
+
+#: Watchdog limit of a single send() in MSG-4: far above what queueing takes.
+_SEND_LIMIT_S = 2.0
+
+
+def _assert_same(sent: list[dict[str, Any]], got: list[dict[str, Any]], clause: str) -> None:
+    assert len(got) == len(sent), f"{clause}: sent {len(sent)} messages, received {len(got)}"
+    for i, (a, b) in enumerate(zip(sent, got, strict=True)):
+        diff = first_difference(a, b, f"message[{i}]")
+        assert diff is None, f"{clause}: {diff}"
+
+
+@pytest.mark.clause("MSG-1")
+@profiles.suite_settings()
+@given(
+    forward=st.lists(messages(), min_size=1, max_size=4),
+    backward=st.lists(messages(), max_size=3),
+)
+def test_messages_arrive_equal(
+    zmq_transport_spec: TransportSpec,
+    forward: list[dict[str, Any]],
+    backward: list[dict[str, Any]],
+) -> None:
+    """Both directions of a connection: a's outbound and b's inbound one."""
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        for msg in forward:
+            out.send(msg)
+        _assert_same(forward, receive(inbound, len(forward), nodes=[a]), "MSG-1")
+        for msg in backward:
+            inbound.send(msg)
+        _assert_same(backward, receive(out, len(backward), nodes=[b]), "MSG-1")
+
+
+@pytest.mark.clause("MSG-2", "MSG-3")
+@profiles.suite_settings()
+@given(
+    schedule=st.lists(
+        st.one_of(st.tuples(st.just("send"), st.integers(0, 1), st.integers(1, 20)),
+                  st.just(("poll", 0, 0)), st.just(("recv", 0, 0))),
+        min_size=1, max_size=25,
+    )
+)
+def test_in_order_exactly_once_and_recv_drains(
+    zmq_transport_spec: TransportSpec, schedule: list[tuple[str, int, int]]
+) -> None:
+    """Two senders interleave bursts; the receiver polls and drains at arbitrary points."""
+    with Cluster(zmq_transport_spec) as cluster:
+        b = cluster.add_node("b")
+        senders = [cluster.add_node("s0"), cluster.add_node("s1")]
+        outs = [s.connect(b) for s in senders]
+        sent: dict[str, list[int]] = {s.local_id: [] for s in senders}
+        got: dict[str, list[int]] = {s.local_id: [] for s in senders}
+
+        def drain() -> None:
+            for conn in b.inbound:
+                batch = conn.recv()
+                got[conn.peer_id].extend(m["seq"] for m in batch)
+                assert conn.recv() == [], "MSG-3: a second recv() right after one was not empty"
+
+        for action, who, burst in schedule:
+            if action == "send":
+                seqs = sent[senders[who].local_id]
+                for _ in range(burst):
+                    outs[who].send({"seq": len(seqs)})
+                    seqs.append(len(seqs))
+            elif action == "poll":
+                b.poll()
+            else:
+                drain()
+
+        def complete() -> bool:
+            drain()
+            return all(len(got[k]) >= len(sent[k]) for k in sent)
+
+        wait_until(complete, nodes=[b, *senders], what="MSG-2: every message to arrive")
+        cluster.settle(quiet=0.02)
+        drain()
+        for peer, seqs in sent.items():
+            assert got[peer] == seqs, (
+                f"MSG-2: from {peer} sent seq 0..{len(seqs) - 1}, received {got[peer]!r}"
+            )
+
+
+@pytest.mark.clause("MSG-2", "MSG-3")
+def test_long_burst_in_order_exactly_once(zmq_transport_spec: TransportSpec) -> None:
+    total = scaled(2000)
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        received: list[int] = []
+        for start in range(0, total, 200):
+            for n in range(start, min(start + 200, total)):
+                out.send({"n": n})
+            received.extend(m["n"] for m in receive(inbound, min(start + 200, total) - len(received),
+                                                      nodes=[a]))
+        assert received == list(range(total)), "MSG-2: order or count broken in a long burst"
+        cluster.settle(quiet=0.02)
+        assert inbound.recv() == [], "MSG-3: recv() returned messages after everything arrived"
+
+
+@contextmanager
+def _peer(kind: str, cluster: Cluster) -> Iterator[str]:
+    """An address to send to that never reads: nobody there, a stalled TCP peer, or a
+    transport node that is never polled."""
+    if kind == "unreachable":
+        with unreachable_address() as address:
+            yield address
+    elif kind == "stalled-tcp":
+        with StalledListener() as listener:
+            yield listener.address
+    else:
+        yield cluster.add_node("never-polled").local_id
+
+
+@pytest.mark.clause("MSG-4")
+@pytest.mark.parametrize("kind", ["unreachable", "stalled-tcp", "never-polled"])
+def test_send_never_blocks_past_high_water_mark(
+    zmq_transport_spec: TransportSpec, kind: str
+) -> None:
+    """Send three default high-water marks' worth (3000 messages) to a peer that reads nothing.
+
+    Each ``send()`` must return or raise within the watchdog limit (2 s): a
+    blocked send is reported as ``blocked``. Afterwards the transport still
+    delivers to a healthy peer.
+    """
+    with Cluster(zmq_transport_spec) as cluster:
+        a, healthy = cluster.add_node("a"), cluster.add_node("healthy")
+        with _peer(kind, cluster) as address:
+            conn = a.connect(address)
+            errors: list[Exception] = []
+            for n in range(3000):
+                try:
+                    conn.send({"n": n, "pad": "x" * 64}, limit=_SEND_LIMIT_S)
+                except CallBlocked:
+                    raise
+                except Exception as exc:
+                    errors.append(exc)
+                if n % 500 == 0:
+                    a.poll()
+            # Raising (e.g. "queue full") instead of queueing is allowed; either
+            # way the transport keeps serving other peers.
+            handshake(a, healthy)
+
+
+def _max_bytes(spec: TransportSpec) -> int:
+    limit = spec.capabilities.max_message_bytes
+    if limit is None:
+        pytest.skip("MSG-5: requires capability max_message_bytes; declare it with "
+                    "zmq_conformance_capabilities = {'max_message_bytes': N} on the factory "
+                    "or --zmq-capability max_message_bytes=N")
+    return limit
+
+
+@pytest.mark.clause("MSG-5")
+def test_message_at_the_size_limit_arrives_and_one_byte_more_is_refused(
+    zmq_transport_spec: TransportSpec,
+) -> None:
+    limit = _max_bytes(zmq_transport_spec)
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        at_limit = message_of_size(limit)
+        out.send(at_limit, limit=10.0)
+        got = receive(inbound, 1, nodes=[a], timeout=15.0,
+                      what=f"MSG-5: a message of exactly max_message_bytes={limit} to arrive")
+        assert len(got) == 1 and got[0] == at_limit, "MSG-5: the message at the limit changed"
+        too_big = message_of_size(limit + 1)
+        try:
+            out.send(too_big, limit=10.0)
+        except CallBlocked:
+            raise
+        except Exception:
+            pass
+        else:
+            raise AssertionError(
+                f"MSG-5: send() of a message encoding to {limit + 1} bytes did not raise "
+                f"(max_message_bytes={limit})"
+            )
+        assert out.alive, "MSG-5: refusing an oversize message killed the connection"
+        out.send({"after": "oversize"})
+        assert receive(inbound, 1, nodes=[a]) == [{"after": "oversize"}]
+
+
+@pytest.mark.clause("MSG-5", "POLL-3")
+def test_receiver_drops_oversize_frames(zmq_transport_spec: TransportSpec) -> None:
+    """A peer speaking the honest wire format sends one byte over the limit."""
+    limit = _max_bytes(zmq_transport_spec)
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        with unreachable_address() as fake_id:
+            payload = _encoded(message_of_size(limit + 1))
+            with HostilePeer(b.local_id, identity=fake_id.encode(), monitor=True) as hostile:
+                assert hostile.send(wire.frames_for(payload))
+                # Same pipe, so it is read after the oversize one: its arrival,
+                # or the receiver dropping the connection, ends the wait.
+                assert hostile.send(wire.frames_for(_encoded({"after": "oversize"})))
+                leaked: list[dict[str, Any]] = []
+
+                def handled() -> bool:
+                    leaked.extend(_messages_from(b, fake_id))
+                    return {"after": "oversize"} in leaked or hostile.was_disconnected()
+
+                wait_until(handled, nodes=[b], timeout=15.0,
+                           what="MSG-5: the receiver to drop the oversize frame or its sender")
+            leaked.extend(_messages_from(b, fake_id))
+            assert not any("blob" in m for m in leaked), (
+                "MSG-5: the receiver delivered a frame larger than max_message_bytes"
+            )
+        out.send({"marker": 2})
+        assert receive(inbound, 1, nodes=[a]) == [{"marker": 2}], (
+            "MSG-5: an honest peer stopped working after an oversize frame"
+        )
+
+
+def _encoded(msg: dict[str, Any]) -> bytes:
+    import msgspec
+
+    return msgspec.msgpack.encode(msg)
+
+
+def _messages_from(node: Node, peer_id: str) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    for conn in node.inbound:
+        if conn.peer_id == peer_id:
+            got.extend(conn.recv())
+    return got

@@ -1,0 +1,188 @@
+"""Polling and routing: POLL-1, POLL-2, POLL-4, POLL-5 (POLL-3 is in test_security).
+
+``poll()`` does all of a transport's I/O, so these tests control exactly when
+each node polls: senders are driven while the receiver is left alone, so
+traffic lands between two of its polls, which is where routing bugs live.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import profiles
+from conformance.harness import (
+    Cluster,
+    Connection,
+    handshake,
+    receive,
+    scaled,
+    wait_inbound,
+    wait_until,
+)
+from conformance.spec import TransportSpec
+
+
+@pytest.mark.clause("POLL-1", "MSG-2")
+@profiles.suite_settings()
+@given(
+    counts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=3),
+    land_first=st.booleans(),
+)
+def test_each_inbound_connection_reported_once_with_first_message(
+    zmq_transport_spec: TransportSpec, counts: list[int], land_first: bool
+) -> None:
+    with Cluster(zmq_transport_spec) as cluster:
+        b = cluster.add_node("b")
+        senders = [cluster.add_node(f"s{i}") for i in range(len(counts))]
+        sent: dict[str, list[dict[str, Any]]] = {}
+        for sender, count in zip(senders, counts, strict=True):
+            conn = sender.connect(b)
+            sent[sender.local_id] = [{"from": sender.name, "seq": n} for n in range(count)]
+            for msg in sent[sender.local_id]:
+                conn.send(msg)
+        if land_first:
+            cluster.drive(0.02, nodes=senders)
+        got: dict[str, list[dict[str, Any]]] = {}
+
+        def all_reported() -> bool:
+            for new in b.poll():
+                first = new.recv()
+                assert first, (
+                    f"POLL-1: poll() returned the inbound connection from {new.peer_id} "
+                    "before its first message was readable"
+                )
+                got.setdefault(new.peer_id, []).extend(first)
+            return len(got) == len(senders)
+
+        wait_until(all_reported, nodes=senders,
+                   what=f"POLL-1: {len(senders)} inbound connection(s) reported by poll()")
+        cluster.settle(quiet=0.03, nodes=[b, *senders])
+        peers = [c.peer_id for c in b.inbound]
+        assert sorted(peers) == sorted(sent), (
+            f"POLL-1: poll() reported inbound connections {peers}, expected one each from "
+            f"{sorted(sent)}"
+        )
+        raw_ids = [id(c.raw) for c in b.inbound]
+        assert len(set(raw_ids)) == len(raw_ids), "POLL-1: a connection was returned twice"
+        for conn in b.inbound:
+            rest = receive(conn, len(sent[conn.peer_id]) - len(got[conn.peer_id]),
+                           nodes=senders) if len(got[conn.peer_id]) < len(sent[conn.peer_id]) \
+                else conn.recv()
+            stream = got[conn.peer_id] + rest
+            assert stream == sent[conn.peer_id], (
+                f"MSG-2: from {conn.peer_id} received {stream!r}, sent {sent[conn.peer_id]!r}"
+            )
+
+
+@pytest.mark.clause("POLL-2", "CONN-3")
+@pytest.mark.parametrize("order", ["kill-then-reconnect", "reconnect-then-kill"])
+def test_connection_killed_between_polls_is_swept_before_routing(
+    zmq_transport_spec: TransportSpec, order: str
+) -> None:
+    """b kills its inbound connection between two polls while a reconnects and sends.
+
+    The reconnecting peer's message must open a new inbound connection
+    returned by ``poll()``; the dead one must not swallow it.
+    """
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, old_inbound = handshake(a, b)
+        for round_ in range(scaled(3)):
+            wanted = {"round": round_, "after": "reconnect"}
+            known = list(b.inbound)
+            if order == "kill-then-reconnect":
+                old_inbound.mark_dead()
+            out.mark_dead()
+            out = a.connect(b)
+            out.send(wanted)
+            # The message lands at b while b is not polled.
+            cluster.drive(0.02, nodes=[a])
+            if order == "reconnect-then-kill":
+                old_inbound.mark_dead()
+            new_inbound = wait_inbound(
+                b, a.local_id, nodes=[a], exclude=known,
+                what=f"POLL-2: round {round_}: poll() to report the reconnecting peer's "
+                "new connection",
+            )
+            assert new_inbound.raw is not old_inbound.raw
+            swallowed = old_inbound.recv()
+            assert wanted not in swallowed, (
+                "POLL-2: the message after the reconnect was routed to the dead connection"
+            )
+            got = receive(new_inbound, 1, nodes=[a])
+            assert got == [wanted], f"POLL-2: the new connection received {got!r}"
+            old_inbound = new_inbound
+
+
+@pytest.mark.clause("POLL-4")
+def test_idle_poll_returns_empty_quickly(zmq_transport_spec: TransportSpec) -> None:
+    """Idle: no peers at all, then established connections with nothing in flight.
+
+    "Quickly" is the contract here: each idle ``poll()`` runs under a 1 s
+    watchdog and the median of many must stay below 50 ms (a poll that
+    waits for traffic instead of returning takes longer).
+    """
+    with Cluster(zmq_transport_spec) as cluster:
+        a = cluster.add_node("a")
+        durations = _idle_polls(a, 30)
+        b = cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        out.send({"drain": 1})
+        receive(inbound, 1, nodes=[a])
+        # Let anything still in flight (heartbeats are not messages) settle.
+        cluster.settle(quiet=0.03)
+        durations += _idle_polls(a, 30) + _idle_polls(b, 30)
+        assert out.recv() == [] and inbound.recv() == []
+        median = statistics.median(durations)
+        assert median < 0.05, f"POLL-4: idle poll() took {median * 1000:.1f} ms (median)"
+
+
+def _idle_polls(node: Any, count: int) -> list[float]:
+    durations: list[float] = []
+    for _ in range(count):
+        start = time.perf_counter()
+        from conformance import watchdog
+
+        with watchdog.guard(f"idle {node.name}.poll() (POLL-4)", 1.0):
+            new = node.poll()
+        durations.append(time.perf_counter() - start)
+        assert len(new) == 0, f"POLL-4: idle poll() returned {new!r}"
+    return durations
+
+
+@pytest.mark.clause("POLL-5")
+@pytest.mark.parametrize("side", ["outbound", "inbound"])
+def test_closed_peer_is_marked_dead_in_bounded_time(
+    zmq_transport_spec: TransportSpec, side: str
+) -> None:
+    """Close one node's transport; the survivor's connection to it dies within the bound.
+
+    The bound is the declared ``detects_peer_close_ms``, plus 0.5 s of slack for
+    scheduling on a loaded machine.
+    """
+    bound_s = zmq_transport_spec.capabilities.detects_peer_close_ms / 1000
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        survivor_conn: Connection
+        if side == "outbound":
+            survivor, survivor_conn, gone = a, out, b
+        else:
+            survivor, survivor_conn, gone = b, inbound, a
+        # Exchange both ways first, so the survivor's connection is fully up.
+        inbound.send({"reply": 1})
+        receive(out, 1, nodes=[b])
+        gone.close()
+        wait_until(
+            lambda: not survivor_conn.alive,
+            nodes=[survivor],
+            timeout=bound_s + 0.5,
+            what=f"POLL-5: {survivor.name}'s {side} connection to the closed {gone.name} to be "
+            f"marked dead (declared bound {bound_s * 1000:.0f} ms + 0.5 s slack)",
+        )

@@ -1,0 +1,302 @@
+"""Hostile peers: POLL-3, SEC-1, SEC-2.
+
+A hostile peer is a raw pyzmq socket (or plain TCP client) talking to the
+node's bound address. Every test runs an honest peer alongside and checks it
+keeps working: hostile input must be dropped, never raise out of ``poll()``,
+never surface as a message, and never crash, stall or starve the node.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import profiles
+from conformance.harness import (
+    Cluster,
+    Connection,
+    Node,
+    handshake,
+    receive,
+    scaled,
+    unreachable_address,
+)
+from conformance.hostile import Flooder, HostilePeer, learn_wire_format, send_raw_tcp
+from conformance.spec import TransportSpec
+from conformance.strategies import (
+    hostile_frames,
+    hostile_identities,
+    hostile_payloads,
+    is_plausible_peer_id,
+    nesting_bomb,
+)
+
+_encode = msgspec.msgpack.encode
+
+
+def _honest_exchange(cluster: Cluster, out: Connection, inbound: Connection, tag: str) -> None:
+    """The honest peer's message still arrives, alone and intact."""
+    out.send({"honest": tag})
+    got = receive(inbound, 1, nodes=[out.node],
+                  what=f"the honest peer's message {tag!r} alongside a hostile peer")
+    assert got == [{"honest": tag}], f"POLL-3: the honest peer received {got!r}"
+
+
+def _check_no_impostors(node: Node, honest: set[str], identity: bytes | None) -> None:
+    """An identity that is not ``host:port`` must never become a connection."""
+    if identity is not None and is_plausible_peer_id(identity):
+        return
+    strangers = [c.peer_id for c in node.inbound if c.peer_id not in honest]
+    assert not strangers, (
+        f"POLL-3: poll() reported connection(s) {strangers!r} for a peer whose routing "
+        f"identity {identity!r} is not host:port"
+    )
+
+
+def _send_hostile(
+    cluster: Cluster, target: Node, identity: bytes | None, batches: list[list[bytes]]
+) -> None:
+    with HostilePeer(target.local_id, identity=identity) as hostile:
+        for frames in batches:
+            hostile.send(frames)
+        # Let the input land between polls, then poll through it.
+        cluster.drive(0.02, nodes=[n for n in cluster.open_nodes() if n is not target])
+        cluster.drive(0.03, nodes=[target])
+
+
+@pytest.mark.clause("POLL-3", "SEC-1")
+@profiles.suite_settings()
+@given(
+    identity=hostile_identities(),
+    batches=st.lists(hostile_frames(), min_size=1, max_size=4),
+    honest_format=st.booleans(),
+)
+def test_poll_survives_arbitrary_hostile_input(
+    zmq_transport_spec: TransportSpec,
+    identity: bytes | None,
+    batches: list[list[bytes]],
+    honest_format: bool,
+) -> None:
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        if honest_format:
+            batches = [wire.frames_for(frames[0] if frames else b"") for frames in batches]
+        _send_hostile(cluster, b, identity, batches)
+        _honest_exchange(cluster, out, inbound, "after")
+        _check_no_impostors(b, {a.local_id}, identity)
+
+
+_NAMED_PAYLOADS: dict[str, bytes] = {
+    "garbage": bytes(range(256)),
+    "empty": b"",
+    "truncated": _encode({"k": "v" * 20})[:-3],
+    "trailing-bytes": _encode({"k": 1}) + b"\xc1",
+    "list": _encode([1, 2, 3]),
+    "int": _encode(7),
+    "str": _encode("a string"),
+    "bytes": _encode(b"\x00\x01"),
+    "nil": _encode(None),
+    "float": _encode(1.5),
+    "int-keys": b"\x81\x01\x02",
+    "unhashable-key": b"\x81\x90\x01",
+    "deep-arrays": nesting_bomb("arrays"),
+    "deep-maps": nesting_bomb("maps"),
+    "huge-map-header": b"\xdf\xff\xff\xff\xff",
+}
+
+#: Maps whose keys are not strings: they decode to dicts, which the contract
+#: does not (yet) say must be dropped, so only "poll() does not raise" is
+#: checked for them.
+_DICT_WITH_ODD_KEYS = frozenset({"int-keys", "unhashable-key"})
+
+_NAMED_IDENTITIES: dict[str, bytes | None] = {
+    "anonymous": None,
+    "non-utf8": b"\xff\xfe\xfd",
+    "no-colon": b"localhost",
+    "not-a-port": b"host:notaport",
+    "port-out-of-range": b"127.0.0.1:99999",
+    "superscript-port": "127.0.0.1:\u00b2".encode(),
+    "empty-host": b":5555",
+    "very-long": b"h" * 250 + b":1",
+    "embedded-nul": b"a\x00b:1",
+}
+
+
+@pytest.mark.clause("POLL-3")
+@pytest.mark.parametrize("identity_name", list(_NAMED_IDENTITIES))
+def test_hostile_identity_with_valid_message(
+    zmq_transport_spec: TransportSpec, identity_name: str
+) -> None:
+    """Every kind of bad routing identity, carrying an otherwise valid message."""
+    identity = _NAMED_IDENTITIES[identity_name]
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        _send_hostile(cluster, b, identity, [wire.frames_for(_encode({"evil": 1}))] * 3)
+        _honest_exchange(cluster, out, inbound, identity_name)
+        _check_no_impostors(b, {a.local_id}, identity)
+
+
+@pytest.mark.clause("POLL-3")
+@pytest.mark.parametrize("payload_name", list(_NAMED_PAYLOADS))
+def test_hostile_payload_from_plausible_peer(
+    zmq_transport_spec: TransportSpec, payload_name: str
+) -> None:
+    """Every kind of bad payload, in the honest frame layout, from a plausible identity."""
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        with unreachable_address() as fake_id:
+            payload = _NAMED_PAYLOADS[payload_name]
+            _send_hostile(cluster, b, fake_id.encode(), [wire.frames_for(payload)])
+            _honest_exchange(cluster, out, inbound, payload_name)
+            for conn in b.inbound:
+                if conn.peer_id == fake_id:
+                    # Harness-checked: recv() hands over dicts only.
+                    surfaced = conn.recv()
+                    if payload_name not in _DICT_WITH_ODD_KEYS:
+                        assert surfaced == [], (
+                            f"POLL-3: a {payload_name} payload surfaced as {surfaced!r:.80}"
+                        )
+
+
+@pytest.mark.clause("POLL-3")
+@pytest.mark.parametrize("frames", [[], [b"", b""], ["payload", "payload"],
+                                    ["payload", b"", b"x"]], ids=["one-empty-frame",
+                                                                  "two-empty", "two-payloads",
+                                                                  "three"])
+def test_wrong_frame_counts(zmq_transport_spec: TransportSpec, frames: list[Any]) -> None:
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        payload = _encode({"evil": "frames"})
+        with unreachable_address() as fake_id:
+            real = [payload if f == "payload" else f for f in frames]
+            _send_hostile(cluster, b, fake_id.encode(), [real])
+            _honest_exchange(cluster, out, inbound, "frames")
+
+
+@pytest.mark.clause("SEC-1")
+def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: TransportSpec) -> None:
+    """A flooding thread sends garbage and valid-looking messages while an honest peer talks.
+
+    Every ``poll()`` runs under the watchdog (no stall) and the honest peer's
+    messages all arrive, in order, within the usual deadline (no starvation).
+    """
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        honest = scaled(50)
+        with unreachable_address() as fake_id, \
+                Flooder(b.local_id, [os.urandom(32)], max_messages=scaled(50_000)), \
+                Flooder(b.local_id, wire.frames_for(_encode({"flood": "x" * 100})),
+                        identity=fake_id.encode(), max_messages=scaled(50_000)):
+            got: list[dict[str, Any]] = []
+            for n in range(honest):
+                out.send({"honest": n})
+                if n % 10 == 9:
+                    got.extend(receive(inbound, n + 1 - len(got), nodes=[a], timeout=10.0,
+                                       what="SEC-1: the honest peer's messages during a flood"))
+            assert got == [{"honest": n} for n in range(honest)], (
+                "SEC-1: the honest peer's messages were lost or reordered during a flood"
+            )
+        _honest_exchange(cluster, out, inbound, "after-flood")
+
+
+@pytest.mark.clause("SEC-1")
+def test_flood_of_connections_and_raw_tcp(zmq_transport_spec: TransportSpec) -> None:
+    """Many anonymous DEALERs and non-ZMTP TCP clients connect at once."""
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        peers = [HostilePeer(b.local_id) for _ in range(scaled(40))]
+        try:
+            for peer in peers:
+                peer.send([os.urandom(16)])
+            for n in range(scaled(20)):
+                send_raw_tcp(b.local_id, os.urandom(64) if n % 2 else b"\xff" + bytes(9) + b"\x7f")
+            cluster.drive(0.05, nodes=[b])
+            _honest_exchange(cluster, out, inbound, "amid-connection-flood")
+        finally:
+            for peer in peers:
+                peer.close()
+        _check_no_impostors(b, {a.local_id}, None)
+        _honest_exchange(cluster, out, inbound, "after-connection-flood")
+
+
+@pytest.mark.clause("SEC-2")
+def test_authentication_keeps_strangers_out(zmq_transport_spec: TransportSpec) -> None:
+    """With ``authentication`` declared, unauthenticated peers get nothing through.
+
+    Two kinds of stranger speak the honest wire format under a plausible
+    identity: a plain (NULL mechanism) DEALER, and a CURVE client holding a
+    random key pair and a made-up server key. Neither may ever surface as a
+    connection, while two nodes built by the factory (which share its
+    credentials) keep talking.
+    """
+    if not zmq_transport_spec.capabilities.authentication:
+        pytest.skip("SEC-2: requires capability authentication; declare it with "
+                    "zmq_conformance_capabilities = {'authentication': True} on the factory "
+                    "(only for transports that authenticate peers, e.g. with CURVE)")
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        with unreachable_address() as plain_id, unreachable_address() as curve_id:
+            frames = wire.frames_for(_encode({"stranger": True}))
+            plain = HostilePeer(b.local_id, identity=plain_id.encode())
+            curve = _curve_stranger(b.local_id, curve_id.encode())
+            try:
+                for _ in range(5):
+                    plain.send(frames)
+                    curve.send_multipart(frames, zmq.NOBLOCK)
+                cluster.drive(0.3, nodes=[b])
+                _honest_exchange(cluster, out, inbound, "authenticated")
+            finally:
+                plain.close()
+                curve.close(linger=0)
+            strangers = [c.peer_id for c in b.inbound if c.peer_id in (plain_id, curve_id)]
+            assert not strangers, f"SEC-2: unauthenticated peers got through: {strangers}"
+
+
+def _curve_stranger(target: str, identity: bytes) -> zmq.Socket[bytes]:
+    public, secret = zmq.curve_keypair()
+    server_public, _ = zmq.curve_keypair()
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
+    sock.curve_serverkey = server_public
+    sock.setsockopt(zmq.ROUTING_ID, identity)
+    sock.connect(f"tcp://{target}")
+    return sock
+
+
+@pytest.mark.clause("POLL-3")
+@profiles.suite_settings()
+@given(payload=hostile_payloads())
+def test_hostile_payloads_never_surface(zmq_transport_spec: TransportSpec, payload: bytes) -> None:
+    """Generated bad payloads in the honest layout from a plausible identity."""
+    with Cluster(zmq_transport_spec) as cluster:
+        wire = learn_wire_format(cluster)
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        with unreachable_address() as fake_id:
+            _send_hostile(cluster, b, fake_id.encode(), [wire.frames_for(payload)])
+            _honest_exchange(cluster, out, inbound, "payload")
+            # recv() is harness-checked to hand over dicts only.
+            for conn in b.inbound:
+                if conn.peer_id == fake_id:
+                    conn.recv()
+

@@ -1,0 +1,154 @@
+"""A watchdog for calls into the implementation under test.
+
+Every call the suite makes into a transport (the factory, ``connect``,
+``poll``, ``send``, ``recv``, ``mark_dead``, ``close``) runs inside
+:func:`guard`. If the call has not returned after its limit, the guard raises
+:class:`~conformance.errors.CallBlocked` *inside* the call, so a transport
+that blocks (a DEALER ``send()`` past the high-water mark, a ``poll()`` that
+never drains, a hung ``close()``) turns into a ``blocked`` verdict instead of
+a hung test run.
+
+Mechanism: ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler that
+raises. Python runs signal handlers in the main thread between bytecodes and
+whenever a blocking system call returns ``EINTR``; pyzmq's blocking calls
+check for signals on ``EINTR`` before retrying, and ``time.sleep`` does too,
+so the exception surfaces even out of a blocking ``zmq_send``. Guards nest:
+the earliest deadline of all open guards is armed, and the call named in the
+exception is the one whose own limit ran out. A timer someone else had armed
+(``pytest-timeout``'s signal method, for instance) is restored, minus the time
+spent, when the outermost guard exits.
+
+Limits: signals only reach the main thread, so off the main thread (or on a
+platform without ``setitimer``) :func:`guard` does nothing. A call stuck in C
+code that retries ``EINTR`` without checking for signals cannot be
+interrupted this way; pyzmq and the standard library do check.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
+
+from conformance.errors import CallBlocked
+
+__all__ = ["active", "call", "default_limit", "guard", "set_default_limit"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: A call into a transport that takes longer than this is "blocked". Generous:
+#: nothing in the contract legitimately takes more than a fraction of it.
+_DEFAULT_LIMIT_S = 5.0
+#: Shortest timer ever armed (setitimer treats 0 as "disarm").
+_MIN_TIMER_S = 1e-4
+
+_default_limit_s = _DEFAULT_LIMIT_S
+
+
+@dataclass
+class _Guard:
+    call: str
+    limit: float
+    deadline: float
+    fired: bool = False
+
+
+_stack: list[_Guard] = []
+_saved_handler: Any = None
+_saved_timer: tuple[float, float] = (0.0, 0.0)
+_saved_at = 0.0
+
+
+def default_limit() -> float:
+    """The limit, in seconds, that :func:`guard` uses when none is given."""
+    return _default_limit_s
+
+
+def set_default_limit(seconds: float) -> None:
+    """Change the default limit (e.g. from a command-line option)."""
+    global _default_limit_s
+    if not seconds > 0:
+        raise ValueError(f"watchdog limit must be positive, got {seconds!r}")
+    _default_limit_s = float(seconds)
+
+
+def active() -> bool:
+    """True when guards in this thread can interrupt a call (main thread, Unix)."""
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def guard(call: str, limit: float | None = None) -> Iterator[None]:
+    """Run the body with a watchdog; raise ``CallBlocked(call, limit)`` if it overruns.
+
+    ``call`` names the call in the verdict, e.g. ``"send() on 127.0.0.1:4000"``.
+    ``limit`` defaults to :func:`default_limit`. Outside the main thread the
+    body runs unguarded.
+    """
+    seconds = _default_limit_s if limit is None else float(limit)
+    if not seconds > 0:
+        raise ValueError(f"watchdog limit must be positive, got {limit!r}")
+    if not active():
+        yield
+        return
+    entry = _Guard(call, seconds, time.monotonic() + seconds)
+    if not _stack:
+        _install()
+    _stack.append(entry)
+    _arm()
+    try:
+        yield
+    finally:
+        _stack.remove(entry)
+        if _stack:
+            _arm()
+        else:
+            _uninstall()
+
+
+def call(what: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` under :func:`guard` with the default limit."""
+    with guard(what):
+        return fn(*args, **kwargs)
+
+
+def _install() -> None:
+    global _saved_handler, _saved_timer, _saved_at
+    _saved_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    _saved_timer = signal.setitimer(signal.ITIMER_REAL, 0)
+    _saved_at = time.monotonic()
+
+
+def _uninstall() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, _saved_handler if _saved_handler is not None else signal.SIG_DFL)
+    delay, interval = _saved_timer
+    if delay > 0:
+        remaining = delay - (time.monotonic() - _saved_at)
+        signal.setitimer(signal.ITIMER_REAL, max(remaining, _MIN_TIMER_S), interval)
+
+
+def _arm() -> None:
+    pending = [g.deadline for g in _stack if not g.fired]
+    if not pending:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return
+    signal.setitimer(signal.ITIMER_REAL, max(min(pending) - time.monotonic(), _MIN_TIMER_S))
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    now = time.monotonic()
+    expired = [g for g in _stack if not g.fired and g.deadline <= now]
+    if not expired:
+        # Early or stale alarm: re-arm for whatever is still pending.
+        _arm()
+        return
+    victim = min(expired, key=lambda g: g.deadline)
+    victim.fired = True
+    raise CallBlocked(victim.call, victim.limit)

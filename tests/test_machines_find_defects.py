@@ -1,0 +1,147 @@
+"""The stateful machines find each planted defect (not only the example tests do).
+
+Each case runs :class:`~conformance.machines.ClusterMachine` against one
+mutant of the reference transport with a fixed seed and asserts that the
+machine fails with the expected clause in the assertion message. Most mutants
+come from the official catalog (:mod:`conformance.selfcheck.transports`); the
+one it lacks is in ``tests/_machine_mutants.py``.
+
+``hunt()`` is also what produces the numbers in ``docs/machines.md``
+(``python tests/test_machines_find_defects.py`` prints the table).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from _machine_mutants import DropsFirstMessageAfterRestart
+from hypothesis import Phase, seed
+
+from conformance import profiles
+from conformance.machines import ClusterMachine, machine_test
+from conformance.selfcheck import transports as catalog
+from conformance.spec import TransportSpec, make_spec
+
+
+@dataclass(frozen=True)
+class Defect:
+    name: str
+    factory: Callable[..., Any]
+    #: Clause IDs any of which the failure message may start with.
+    clauses: tuple[str, ...]
+
+
+DEFECTS = (
+    Defect("assert on dead-but-registered entry", catalog.AssertsOnRegisteredEntry,
+           ("CONN-3",)),
+    Defect("per-peer monitor endpoint (EADDRINUSE)", catalog.MonitorEndpointPerPeer,
+           ("CONN-7",)),
+    Defect("mark_dead() makes close() a no-op", catalog.MarkDeadDisablesClose, ("CONN-5",)),
+    Defect("sweeping after routing", catalog.SweepsAfterRouting, ("POLL-2",)),
+    Defect("first message dropped after restart", DropsFirstMessageAfterRestart,
+           ("POLL-2", "MSG-2", "CONN-1")),
+    Defect("first send dropped after reconnect", catalog.DropsFirstSendAfterReconnect,
+           ("CONN-3",)),
+    Defect("inbound connection reported twice", catalog.ReportsTwiceAfterRestart,
+           ("POLL-1",)),
+    Defect("messages reordered", catalog.ReordersMessages, ("MSG-2",)),
+    Defect("message duplicated on reconnect", catalog.DuplicatesOnReconnect, ("MSG-2",)),
+)
+
+#: Budget for one hunt: examples and steps per example.
+MAX_EXAMPLES = 300
+STEPS = 25
+
+
+@dataclass
+class Hunt:
+    found: bool
+    message: str
+    examples: int
+    seconds: float
+    steps: int
+    #: The printed counterexample (Hypothesis's notes), when found.
+    counterexample: str = ""
+
+
+def hunt(spec: TransportSpec, *, seed_value: int, shrink: bool,
+         max_examples: int = MAX_EXAMPLES) -> Hunt:
+    """Run the cluster machine against ``spec`` until it fails (or the budget ends).
+
+    ``examples`` counts machines built up to the first failure when
+    ``shrink`` is False; ``steps`` is the length of the printed (shrunk, when
+    ``shrink``) counterexample, teardown excluded.
+    """
+    built = [0]
+
+    class Counting(ClusterMachine):
+        def __init__(self, spec: TransportSpec) -> None:
+            built[0] += 1
+            super().__init__(spec)
+
+    Counting.__name__ = Counting.__qualname__ = "ClusterMachine"
+    phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
+    test = machine_test(
+        Counting, spec,
+        profiles.suite_settings(max_examples=max_examples, stateful_step_count=STEPS,
+                                database=None, phases=phases, print_blob=False),
+    )
+    started = time.monotonic()
+    try:
+        seed(seed_value)(test)()
+    except AssertionError as exc:
+        notes = getattr(exc, "__notes__", [])
+        steps = sum(1 for line in "\n".join(notes).splitlines()
+                    if line.lstrip().startswith(("state.", "nodes_", "conns_", "("))
+                    and "teardown" not in line and "state = " not in line)
+        return Hunt(True, str(exc), built[0], time.monotonic() - started, steps,
+                    "\n".join(notes))
+    return Hunt(False, "", built[0], time.monotonic() - started, 0)
+
+
+@pytest.mark.parametrize("defect", DEFECTS, ids=[d.factory.__name__ for d in DEFECTS])
+def test_machine_finds_defect(defect: Defect) -> None:
+    result = hunt(make_spec(defect.factory), seed_value=1, shrink=False)
+    assert result.found, (
+        f"the cluster machine did not find {defect.name!r} in {result.examples} examples"
+    )
+    assert result.message.startswith(defect.clauses), (
+        f"{defect.name!r} was found, but the failure names another clause: {result.message}"
+    )
+
+
+def test_reference_passes_machine_with_same_budget() -> None:
+    """The hunts above are meaningful only if the reference survives the same budget."""
+    import reference_impl
+
+    result = hunt(make_spec(reference_impl.ZmqTransport), seed_value=1, shrink=False,
+                  max_examples=60)
+    assert not result.found, result.message
+
+
+def _table(seeds: int = 5) -> None:  # pragma: no cover - a measuring tool
+    print("| defect | machine | found | median examples | median s | shrunk steps |")
+    print("|---|---|---|---|---|---|")
+    for defect in DEFECTS:
+        spec = make_spec(defect.factory)
+        runs = [hunt(spec, seed_value=s, shrink=False) for s in range(seeds)]
+        found = [r for r in runs if r.found]
+        shrunk = hunt(spec, seed_value=0, shrink=True)
+        clause = shrunk.message.split(":", 1)[0]
+        median_examples = statistics.median(r.examples for r in found) if found else "-"
+        median_s = f"{statistics.median(r.seconds for r in found):.1f}" if found else "-"
+        print(f"| {defect.factory.__name__} | ClusterMachine ({clause}) | "
+              f"{len(found)}/{seeds} | {median_examples} | {median_s} | {shrunk.steps} |",
+              flush=True)
+        if "-v" in sys.argv:
+            print(shrunk.message, file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _table()
