@@ -40,6 +40,7 @@ from conformance.verdicts import ClauseVerdict, RunReport, exit_status
 
 PROG = "zmq-conformance"
 _PLUGIN_MODULE = "conformance.plugin"
+_SELF_CHECK = "self-check"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,11 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     lister = commands.add_parser("list", help="list every clause with its requirement")
     lister.add_argument("--json", action="store_true", help="print the clauses as JSON")
+    commands.add_parser(
+        _SELF_CHECK, add_help=False,
+        help="run the suite against the mutant catalog (see 'self-check --help')",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [_SELF_CHECK]:
+        from conformance.selfcheck.runner import main as self_check
+
+        return self_check(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "list":

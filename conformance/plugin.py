@@ -10,9 +10,10 @@ Opt-in: the suite runs only when the session asks for it, with
 ``--zmq-conformance`` (suite in addition to the session's own tests),
 ``--zmq-conformance-only`` (the suite alone), ``--zmq-transport`` on the
 command line (implies ``--zmq-conformance``), or the ini option
-``zmq_conformance = true``. The plugin then appends the suite's test files
-to the collection arguments, unless the arguments already cover them, so the
-suite never runs twice.
+``zmq_conformance = true``. The plugin then appends the suite's directory
+to the collection arguments, unless the arguments already cover it, so the
+suite never runs twice. ``--zmq-chaos`` adds the ``chaos.suite`` package and
+registers the ``chaos.fixtures`` plugin (the ``toxiproxy`` fixture).
 
 Data crosses from the process running a test (an xdist worker, or the same
 process) to the one writing reports through ``report.user_properties``:
@@ -166,8 +167,20 @@ def _configure(config: pytest.Config) -> _State:
         )
         if not state.suite_dirs:
             raise ConfigError("--zmq-conformance: the suite package conformance.suite is missing")
+        if state.chaos:
+            _load_plugin(config, selection.CHAOS_FIXTURES, "--zmq-chaos")
         _extend_args(config, state)
     return state
+
+
+def _load_plugin(config: pytest.Config, module: str, option: str) -> None:
+    try:
+        config.pluginmanager.import_plugin(module)
+    except Exception as exc:  # missing extras, broken install: one line naming the option
+        raise ConfigError(
+            f"{option}: cannot load {module} ({type(exc).__name__}: {exc}); "
+            "install the chaos extras: pip install 'zmq-conformance[chaos]'"
+        ) from None
 
 
 def _load_xfail(config: pytest.Config) -> tuple[list[xfail.XfailEntry], str]:

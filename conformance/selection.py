@@ -35,8 +35,10 @@ from conformance.spec import (
 
 #: Packages whose directories hold the suite's tests.
 SUITE_PACKAGE = "conformance.suite"
-#: Where the chaos helper's clause tests may live; collected only with ``--zmq-chaos``.
+#: The chaos clause tests; collected only with ``--zmq-chaos``.
 CHAOS_SUITE_PACKAGES = ("chaos.suite",)
+#: Fixtures the chaos tests need (``toxiproxy``); registered with ``--zmq-chaos``.
+CHAOS_FIXTURES = "chaos.fixtures"
 
 _BOOL_FIELDS = frozenset(
     f.name for f in dataclasses.fields(Capabilities) if f.type in ("bool", "bool | None")
@@ -123,18 +125,20 @@ def suite_paths(
             if not path.exists():
                 raise ConfigError(f"--zmq-suite={str(path)!r}: no such file or directory")
         return paths
+    names = [SUITE_PACKAGE, *(CHAOS_SUITE_PACKAGES if chaos else ())]
+    return [path for name in names for path in _package_dirs(name)]
+
+
+def _package_dirs(name: str) -> list[Path]:
     import importlib.util
 
-    names = [SUITE_PACKAGE, *(CHAOS_SUITE_PACKAGES if chaos else ())]
-    found: list[Path] = []
-    for name in names:
-        try:
-            module_spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            module_spec = None
-        if module_spec is not None and module_spec.submodule_search_locations:
-            found.extend(Path(p).resolve() for p in module_spec.submodule_search_locations)
-    return found
+    try:
+        module_spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return []
+    if module_spec is None or not module_spec.submodule_search_locations:
+        return []
+    return [Path(p).resolve() for p in module_spec.submodule_search_locations]
 
 
 def spec_from_config(config: pytest.Config) -> TransportSpec:

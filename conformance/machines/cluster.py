@@ -192,10 +192,13 @@ class ClusterMachine(RuleBasedStateMachine):
         if new is not None:
             self._send(new, body)
 
-    @rule(node=nodes)
-    def restart(self, node: NodeRef) -> None:
-        """Close the node's transport and build a new one on the same port."""
+    @rule(node=nodes, wait=st.booleans())
+    def restart(self, node: NodeRef, wait: bool) -> None:
+        """Close the node's transport and build a new one on the same port; with
+        ``wait``, poll the others until each has seen its old connections die (POLL-5)."""
         self._restart(node.name)
+        if wait:
+            self._await_detection()
 
     @rule(src=nodes, dst=nodes, cycles=st.integers(min_value=2, max_value=8),
           sweep=st.booleans())
@@ -493,6 +496,16 @@ class ClusterMachine(RuleBasedStateMachine):
         self.model.restarted(name)
         self._known_raw[name] = set()
         self._hostile_ids[name] = set()
+
+    def _await_detection(self) -> None:
+        """Poll every node until no connection is uncertain (bounded: POLL-5)."""
+        deadline = time.monotonic() + self.settle_timeout()
+        while self.model.uncertain_conns():
+            if time.monotonic() >= deadline:
+                self._fail_unsettled([], self.model.uncertain_conns())
+            for name in self.node:
+                self._poll(name)
+            time.sleep(0.001)
 
     def _fail_unsettled(self, missing: list[Any], uncertain: list[ConnModel]) -> None:
         if missing:

@@ -322,7 +322,7 @@ class _MarkDeadSetsReleased(ZmqConnection):
 
 
 class MarkDeadDisablesClose(_ConnectionMutant, _LeakyTransport):
-    """``mark_dead()`` sets the flag ``close()`` checks, so close() and the sweep release nothing."""
+    """``mark_dead()`` sets the flag ``close()`` checks: close() and the sweep release nothing."""
 
     connection_class = _MarkDeadSetsReleased
 

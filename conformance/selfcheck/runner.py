@@ -1,0 +1,467 @@
+"""``zmq-conformance self-check``: run the suite against every mutant; print the kill matrix.
+
+For each selected mutant the suite runs in a child process
+(``python -m conformance.cli run --transport <mutant> ...``), first limited to
+the tests of the clauses the mutant targets (the
+:mod:`~conformance.selfcheck.clause_filter` plugin), and, only when that run
+does not kill it, once more over the whole suite. A mutant is *killed* when a
+clause's verdict is ``failed`` or ``blocked`` (a call hung and the watchdog
+caught it). Each distinct base transport (the reference, for the built-in
+catalog) runs the whole suite as a *control* and must not fail anything.
+
+Runs are independent processes, ``-n`` at a time (default 2). Each gets its
+own Hypothesis database (``HYPOTHESIS_STORAGE_DIRECTORY``) so a failure found
+for one mutant is never replayed against another, and the same Hypothesis
+seed (``--seed``) so a kill matrix is reproducible.
+
+Exit status: 0 every mutant killed and every control clean; 1 a mutant
+survived, a control failed, or a run hung or broke; 2 usage or configuration
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from conformance import profiles
+from conformance.clauses import CLAUSES
+from conformance.errors import ConfigError
+from conformance.selfcheck import clause_filter
+from conformance.selfcheck.mutants import Mutant, load_catalog
+
+__all__ = [
+    "ControlResult",
+    "MutantResult",
+    "SuiteRun",
+    "build_parser",
+    "counterexample_steps",
+    "main",
+    "run_selfcheck",
+]
+
+PROG = "zmq-conformance self-check"
+
+#: Verdicts that count as a kill (``xpassed`` only happens with an xfail file
+#: and says nothing about the mutant's defect).
+KILLING: Final = frozenset({"failed", "blocked"})
+#: Verdicts a control run may show.
+CLEAN: Final = frozenset({"passed", "skipped", "xfailed"})
+
+DEFAULT_SEED: Final = 20261129
+DEFAULT_RUN_TIMEOUT_S: Final = 900.0
+_STEP = re.compile(r"^\s*state\.(\w+)\(")
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class SuiteRun:
+    """One child run of the suite and what its verdicts say."""
+
+    status: str  # "ok", "failed", "error", "timeout", "empty"
+    seconds: float
+    verdicts: dict[str, str] = field(default_factory=dict)
+    counterexamples: dict[str, str | None] = field(default_factory=dict)
+    exit_code: int | None = None
+    log_tail: str = ""
+
+    @property
+    def killing(self) -> list[str]:
+        return [c for c, v in self.verdicts.items() if v in KILLING]
+
+    @property
+    def unclean(self) -> list[str]:
+        return [c for c, v in self.verdicts.items() if v not in CLEAN]
+
+
+@dataclass
+class MutantResult:
+    mutant: Mutant
+    status: str  # "killed", "survived", "error", "hung"
+    clauses: list[str]
+    seconds: float
+    counterexample_steps: int | None
+    stage: str | None  # "targeted" or "full"
+    detail: str = ""
+
+    @property
+    def killed(self) -> bool:
+        return self.status == "killed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "killed": self.killed,
+            "clauses": self.clauses,
+            "seconds": round(self.seconds, 2),
+            "counterexample_steps": self.counterexample_steps,
+            "status": self.status,
+            "stage": self.stage,
+            "targets": list(self.mutant.clauses),
+            "models": self.mutant.models,
+            "chaos": self.mutant.chaos,
+            "factory": self.mutant.factory,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class ControlResult:
+    factory: str
+    passed: bool
+    status: str
+    failing: list[str]
+    seconds: float
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "status": self.status,
+            "failing_clauses": self.failing,
+            "seconds": round(self.seconds, 2),
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class _Config:
+    profile: str
+    seed: int
+    chaos: bool
+    run_timeout: float
+    run_args: tuple[str, ...]
+    workdir: Path
+
+
+def counterexample_steps(text: str | None) -> int:
+    """Steps of a shrunk Hypothesis counterexample: ``state.<rule>(...)`` lines of a
+    stateful one (``teardown`` excluded); 1 for anything else (a single example, or
+    a plain failure)."""
+    if not text:
+        return 1
+    steps = [line for line in text.splitlines()
+             if (m := _STEP.match(line)) is not None and m.group(1) != "teardown"]
+    return len(steps) or 1
+
+
+def _child_env(storage: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(_PROJECT_ROOT) + (os.pathsep + path if path else "")
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, tag: str,
+              stop_at_first_failure: bool) -> SuiteRun:
+    """Run the suite against ``factory`` in a child process; ``clauses=None``: all of it."""
+    rundir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=config.workdir))
+    json_path = rundir / "verdicts.json"
+    command = [
+        sys.executable, "-m", "conformance.cli", "run",
+        "--transport", factory, "--json", str(json_path),
+        "--profile", config.profile, "--hypothesis-seed", str(config.seed), "-q",
+    ]
+    if config.chaos:
+        command.append("--chaos")
+    command += [*config.run_args, "--", "-p", "conformance.selfcheck.clause_filter",
+                "-p", "no:cacheprovider"]
+    for clause in clauses or ():
+        command += [clause_filter.OPTION, clause]
+    if stop_at_first_failure:
+        command.append("-x")
+    log_path = rundir / "output.log"
+    started = time.monotonic()
+    with log_path.open("w", encoding="utf-8") as log:
+        try:
+            proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
+                                  env=_child_env(rundir / "hypothesis"),
+                                  timeout=config.run_timeout)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    seconds = time.monotonic() - started
+    tail = _tail(log_path)
+    if code is None:
+        return SuiteRun("timeout", seconds, log_tail=tail)
+    try:
+        data = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if data is None:
+        return SuiteRun("error", seconds, exit_code=code, log_tail=tail)
+    entries: dict[str, Any] = data.get("clauses", {})
+    verdicts = {cid: str(e.get("verdict")) for cid, e in entries.items()}
+    examples = {cid: e.get("counterexample") for cid, e in entries.items()}
+    ran = any(e.get("tests") for e in entries.values())
+    if code not in (0, 1):
+        status = "empty" if not ran else "error"
+    elif not ran:
+        status = "empty"
+    else:
+        status = "failed" if any(v not in CLEAN for v in verdicts.values()) else "ok"
+    return SuiteRun(status, seconds, verdicts, examples, code, tail)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _targets(mutant: Mutant, chaos: bool) -> list[str]:
+    return [c for c in mutant.clauses if chaos or not CLAUSES[c].chaos]
+
+
+def check_mutant(mutant: Mutant, config: _Config) -> MutantResult:
+    """Targeted run first; the whole suite only if the targeted run does not kill."""
+    total = 0.0
+    notes: list[str] = []
+    for stage, clauses in (("targeted", _targets(mutant, config.chaos)), ("full", None)):
+        run = run_suite(mutant.factory, clauses, config, tag=f"{mutant.name}-{stage}",
+                        stop_at_first_failure=True)
+        total += run.seconds
+        if run.status == "timeout":
+            return MutantResult(mutant, "hung", [], total, None, stage,
+                                f"{stage} run exceeded {config.run_timeout:.0f} s (no watchdog "
+                                f"verdict): {run.log_tail[-600:]}")
+        killing = run.killing
+        if killing:
+            steps = min(counterexample_steps(run.counterexamples.get(c)) for c in killing)
+            return MutantResult(mutant, "killed", sorted(killing), total, steps, stage,
+                                "; ".join(notes))
+        if run.status == "error":
+            return MutantResult(mutant, "error", [], total, None, stage,
+                                f"{stage} run broke (exit {run.exit_code}): "
+                                f"{run.log_tail[-600:]}")
+        if run.status == "empty":
+            notes.append(f"no test selected for {', '.join(clauses or ['the suite'])}")
+        elif run.unclean:
+            notes.append(f"{stage}: non-killing verdicts " + ", ".join(
+                f"{c}={run.verdicts[c]}" for c in run.unclean))
+    return MutantResult(mutant, "survived", [], total, None, None, "; ".join(notes))
+
+
+def check_control(factory: str, config: _Config) -> ControlResult:
+    run = run_suite(factory, None, config, tag="control", stop_at_first_failure=False)
+    if run.status == "timeout":
+        return ControlResult(factory, False, "hung", [], run.seconds, run.log_tail[-600:])
+    if run.status in ("error", "empty"):
+        return ControlResult(factory, False, run.status, [], run.seconds,
+                             f"exit {run.exit_code}: {run.log_tail[-600:]}")
+    failing = sorted(run.unclean)
+    detail = "; ".join(f"{c}={run.verdicts[c]}" for c in failing)
+    return ControlResult(factory, not failing, "passed" if not failing else "failed",
+                         failing, run.seconds, detail)
+
+
+def run_selfcheck(
+    mutants: Sequence[Mutant], config: _Config, *, workers: int, controls: bool = True,
+    progress: Any = None,
+) -> tuple[list[MutantResult], list[ControlResult]]:
+    """Check every mutant (and each distinct base as a control), ``workers`` at a time."""
+    bases = list(dict.fromkeys(m.base for m in mutants)) if controls else []
+    lock = threading.Lock()
+
+    def report(line: str) -> None:
+        if progress is not None:
+            with lock:
+                print(line, file=progress, flush=True)
+
+    def control_job(factory: str) -> ControlResult:
+        result = check_control(factory, config)
+        report(f"  control {factory}: {result.status} ({result.seconds:.1f} s)"
+               + (f" {result.detail}" if result.detail else ""))
+        return result
+
+    def mutant_job(mutant: Mutant) -> MutantResult:
+        result = check_mutant(mutant, config)
+        by = ",".join(result.clauses) or "-"
+        report(f"  {mutant.name}: {result.status} by {by} ({result.seconds:.1f} s)")
+        return result
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        control_futures = [pool.submit(control_job, b) for b in bases]
+        mutant_futures = [pool.submit(mutant_job, m) for m in mutants]
+        control_results = [f.result() for f in control_futures]
+        mutant_results = [f.result() for f in mutant_futures]
+    return mutant_results, control_results
+
+
+# -- output ------------------------------------------------------------------
+
+
+def render_text(results: Sequence[MutantResult], controls: Sequence[ControlResult],
+                wall: float) -> str:
+    width = max([len(r.mutant.name) for r in results] + [6])
+    lines = [f"{'mutant':<{width}}  {'result':<8}  {'killed by':<22}  {'seconds':>7}  steps",
+             "-" * (width + 52)]
+    for r in results:
+        by = ",".join(r.clauses) or "-"
+        steps = "-" if r.counterexample_steps is None else str(r.counterexample_steps)
+        lines.append(f"{r.mutant.name:<{width}}  {r.status:<8}  {by:<22}  "
+                     f"{r.seconds:>7.1f}  {steps}")
+    for c in controls:
+        lines.append(f"control {c.factory}: {c.status} ({c.seconds:.1f} s)"
+                     + (f": {c.detail}" if c.detail else ""))
+    killed = sum(r.killed for r in results)
+    lines.append(f"{killed}/{len(results)} mutants killed; wall time {wall:.1f} s")
+    for r in results:
+        if not r.killed:
+            lines.append(f"  {r.mutant.name} {r.status}: targets {', '.join(r.mutant.clauses)}"
+                         + (f"; {r.detail}" if r.detail else ""))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(results: Sequence[MutantResult], controls: Sequence[ControlResult],
+                    wall: float) -> str:
+    killed = sum(r.killed for r in results)
+    lines = [
+        "# zmq-conformance self-check",
+        "",
+        f"{killed}/{len(results)} mutants killed; wall time {wall:.1f} s.",
+        "",
+        "| Mutant | Result | Killed by | Targets | Seconds | Counterexample steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        result = r.status if r.killed else f"**{r.status.upper()}**"
+        steps = "-" if r.counterexample_steps is None else str(r.counterexample_steps)
+        lines.append(f"| `{r.mutant.name}` | {result} | {', '.join(r.clauses) or '-'} | "
+                     f"{', '.join(r.mutant.clauses)} | {r.seconds:.1f} | {steps} |")
+    if controls:
+        lines += ["", "| Control | Result | Seconds | Detail |", "|---|---|---|---|"]
+        for c in controls:
+            lines.append(f"| `{c.factory}` | {c.status} | {c.seconds:.1f} | "
+                         f"{c.detail.replace('|', '/') or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(results: Sequence[MutantResult], controls: Sequence[ControlResult], wall: float,
+            config: _Config) -> dict[str, Any]:
+    return {
+        "mutants": {r.mutant.name: r.to_json() for r in results},
+        "controls": {c.factory: c.to_json() for c in controls},
+        "profile": config.profile,
+        "seed": config.seed,
+        "chaos": config.chaos,
+        "wall_seconds": round(wall, 2),
+    }
+
+
+# -- command line ------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run the conformance suite against every mutant of the catalog and "
+                    "report which were killed, by which clause, how fast.",
+        epilog="Exit status: 0 all mutants killed and controls clean, 1 a mutant survived, "
+               "a control failed or a run broke, 2 usage or configuration error.",
+    )
+    parser.add_argument("--profile", default=profiles.DEFAULT_PROFILE, metavar="NAME",
+                        help=f"suite depth profile ({', '.join(profiles.PROFILES)}; "
+                             f"default {profiles.DEFAULT_PROFILE})")
+    parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="write the kill matrix as Markdown")
+    parser.add_argument("--chaos", action="store_true",
+                        help="also run chaos mutants and chaos clauses (needs toxiproxy)")
+    parser.add_argument("-n", dest="workers", type=int, default=2, metavar="N",
+                        help="suite runs in parallel (default 2)")
+    parser.add_argument("--mutant", action="append", default=[], metavar="NAME",
+                        help="only this mutant (repeatable)")
+    parser.add_argument("--extra", action="append", default=[], metavar="MODULE:ATTR",
+                        help="add a user catalog: an iterable of "
+                             "conformance.selfcheck.Mutant (repeatable)")
+    parser.add_argument("--no-builtin", action="store_true",
+                        help="leave out the built-in catalog (check only --extra mutants)")
+    parser.add_argument("--no-control", action="store_true",
+                        help="do not run the unmutated base transports")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"Hypothesis seed for every run (default {DEFAULT_SEED})")
+    parser.add_argument("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT_S,
+                        metavar="SECONDS", help="a suite run longer than this counts as hung")
+    parser.add_argument("--xfail-file", metavar="PATH",
+                        help="pass this expected-failure list to every run (to check that "
+                             "it hides no real bug)")
+    parser.add_argument("--list", action="store_true", help="print the catalog and exit")
+    return parser
+
+
+def _select(args: argparse.Namespace) -> list[Mutant]:
+    catalog = load_catalog(args.extra, builtin=not args.no_builtin)
+    if args.profile not in profiles.PROFILES:
+        raise ConfigError(f"--profile={args.profile!r}: unknown profile; choose one of "
+                          f"{', '.join(profiles.PROFILES)}")
+    if args.workers < 1:
+        raise ConfigError("-n: must be at least 1")
+    if args.xfail_file and not Path(args.xfail_file).is_file():
+        raise ConfigError(f"--xfail-file={args.xfail_file!r}: no such file")
+    if args.mutant:
+        known = {m.name: m for m in catalog}
+        unknown = [n for n in args.mutant if n not in known]
+        if unknown:
+            raise ConfigError(f"--mutant={unknown[0]!r}: not in the catalog; known: "
+                              f"{', '.join(known)}")
+        return [known[n] for n in dict.fromkeys(args.mutant)]
+    return [m for m in catalog if args.chaos or not m.chaos]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``zmq-conformance self-check [options]``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        selected = _select(args)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in selected:
+            flag = " [chaos]" if m.chaos else ""
+            print(f"{m.name:36} {', '.join(m.clauses):28} {m.description}{flag}")
+        return 0
+    skipped_chaos = [m.name for m in selected if m.chaos and not args.chaos]
+    if skipped_chaos:
+        print(f"{PROG}: note: chaos mutants run only with --chaos: {', '.join(skipped_chaos)}",
+              file=sys.stderr)
+        selected = [m for m in selected if args.chaos or not m.chaos]
+    run_args = ("--xfail-file", str(Path(args.xfail_file).resolve())) if args.xfail_file else ()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="zmq-selfcheck-") as workdir:
+        config = _Config(args.profile, args.seed, args.chaos, args.run_timeout,
+                         run_args, Path(workdir))
+        print(f"{PROG}: {len(selected)} mutant(s), profile {args.profile}, seed {args.seed}, "
+              f"{args.workers} at a time", flush=True)
+        results, controls = run_selfcheck(selected, config, workers=args.workers,
+                                          controls=not args.no_control, progress=sys.stdout)
+    wall = time.monotonic() - started
+    sys.stdout.write(render_text(results, controls, wall))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(to_json(results, controls, wall, config), indent=2) + "\n",
+            encoding="utf-8")
+    if args.markdown:
+        Path(args.markdown).write_text(render_markdown(results, controls, wall),
+                                       encoding="utf-8")
+    ok = all(r.killed for r in results) and all(c.passed for c in controls)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
