@@ -70,7 +70,7 @@ def _suite(s: dict[str, Any]) -> list[str]:
         out.append(f"| {label} | {_spread(run['wall_s'], digits=1)} |")
     families = s.get("families_serial_s", {})
     if families:
-        out += ["", "| clause family | serial s (sum of test durations) |", "| --- | ---: |"]
+        out += ["", "| suite module (clause family) | serial s (sum of test durations) |", "| --- | ---: |"]
         out += [f"| {fam} | {secs:.1f} |" for fam, secs in sorted(families.items())]
     if "machines" in s:
         out += ["", "| stateful machine | examples | seconds | examples/s |", "| --- | ---: | ---: | ---: |"]

@@ -47,6 +47,7 @@ from conformance.verdicts import (
     RunReport,
     TestResult,
     aggregate,
+    blamed_clauses,
     counterexample,
     find_blocked,
     phase_outcome,
@@ -387,6 +388,9 @@ def pytest_runtest_makereport(
         if blocked is not None:
             report.user_properties.append(("zmq_blocked", str(blocked)))
         report.user_properties.append(("zmq_counterexample", counterexample(exc)))
+        blamed = blamed_clauses(exc, item.stash[_CLAUSES])
+        if blamed:
+            report.user_properties.append(("zmq_blamed", " ".join(blamed)))
     elif report.failed and call.when == "call" and item.stash.get(_XFAIL, None) is not None:
         report.user_properties.append(("zmq_xpassed", "1"))
     return report
@@ -435,6 +439,8 @@ class _Recorder:
             outcome, report.duration, reason=reason,
             counterexample=props.get("zmq_counterexample"),
         )
+        if "zmq_blamed" in props:
+            result.blamed = tuple(props["zmq_blamed"].split())
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

@@ -19,6 +19,7 @@ Verdicts that fail a run: ``blocked``, ``failed`` and ``xpassed``.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,30 @@ def _clip(text: str) -> str:
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 15] + "\n... (clipped)"
 
 
+_CLAUSE_ID = re.compile(r"\b(?:CONN|POLL|MSG|HB|RES|SEC)-\d+\b")
+
+
+def blamed_clauses(exc: BaseException, clauses: Sequence[str]) -> tuple[str, ...]:
+    """The clauses of ``clauses`` that the failure's own message names.
+
+    A test that checks many clauses (a stateful machine) says which one broke,
+    e.g. ``AssertionError("MSG-2: message #3 duplicated")``. Only IDs at the
+    start of the message count, so a message quoting a requirement does not
+    spread the blame. Empty when the message names none: then the failure
+    counts against every clause of the test.
+    """
+    message = str(_first_leaf(exc)).lstrip()
+    named: list[str] = []
+    for match in _CLAUSE_ID.finditer(message[:200]):
+        if message[: match.start()].strip(" ,;/") and not named:
+            break
+        named.append(match.group(0))
+        rest = message[match.end():].lstrip(" ,;/")
+        if not _CLAUSE_ID.match(rest):
+            break
+    return tuple(c for c in dict.fromkeys(named) if c in clauses)
+
+
 def counterexample(exc: BaseException) -> str:
     """The shortest useful account of a failure.
 
@@ -132,6 +157,9 @@ class TestResult:
     counterexample: str | None = None
     k_expr: str | None = None
     chaos: bool = False
+    #: When a failure names some of the test's clauses, only those fail; for
+    #: the others the test is inconclusive (see :func:`blamed_clauses`).
+    blamed: tuple[str, ...] = ()
     _ran: bool = field(default=False, init=False, repr=False)
 
     def add_phase(
@@ -279,12 +307,28 @@ def aggregate(
     for result in results:
         for cid in result.clauses:
             if cid in by_clause:
-                by_clause[cid].append(result)
+                by_clause[cid].append(_as_seen_by(result, cid))
     verdicts: dict[str, ClauseVerdict] = {}
     for cid, clause in clauses.items():
         tests = by_clause[cid]
         verdicts[cid] = _verdict(clause, tests, context=context, chaos_enabled=chaos_enabled)
     return verdicts
+
+
+def _as_seen_by(result: TestResult, clause_id: str) -> TestResult:
+    """``result`` as evidence for one clause: a failure blamed elsewhere is inconclusive."""
+    if result.outcome not in FAILING or not result.blamed or clause_id in result.blamed:
+        return result
+    inconclusive = TestResult(
+        result.nodeid,
+        result.clauses,
+        outcome="skipped",
+        duration_s=result.duration_s,
+        reason=f"inconclusive: the test failed on {', '.join(result.blamed)} first",
+        k_expr=result.k_expr,
+        chaos=result.chaos,
+    )
+    return inconclusive
 
 
 def _verdict(

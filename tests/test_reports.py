@@ -22,6 +22,7 @@ from conformance.verdicts import (
     RunReport,
     TestResult,
     aggregate,
+    blamed_clauses,
     counterexample,
     exit_status,
     find_blocked,
@@ -75,6 +76,33 @@ def test_shortest_counterexample_and_its_replay_win() -> None:
     )
     assert verdict.replay_pytest is not None and "--zmq-conformance-only" in verdict.replay_pytest
     assert verdict.duration_s == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    ("message", "blamed"),
+    [
+        ("MSG-2: message #3 duplicated", ("MSG-2",)),
+        ("MSG-2, CONN-3: lost and duplicated", ("MSG-2", "CONN-3")),
+        ("RES-1: not a clause of this test", ()),
+        ("quoting CONN-3 mid-sentence blames nothing", ()),
+        ("", ()),
+    ],
+)
+def test_blame_comes_from_the_start_of_the_message(
+    message: str, blamed: tuple[str, ...]
+) -> None:
+    assert blamed_clauses(AssertionError(message), ("CONN-3", "MSG-2")) == blamed
+
+
+def test_a_blamed_failure_fails_only_the_named_clause() -> None:
+    machine = _result("failed", "CONN-3", "MSG-2", "POLL-1", k="machine")
+    machine.blamed = ("MSG-2",)
+    other = _result("passed", "CONN-3", k="example")
+    verdicts = aggregate([machine, other], context=CTX)
+    assert verdicts["MSG-2"].verdict == "failed"
+    assert verdicts["CONN-3"].verdict == "passed"  # its own example test decides
+    assert verdicts["POLL-1"].verdict == "skipped"
+    assert "inconclusive" in (verdicts["POLL-1"].reason or "")
 
 
 def test_phase_outcomes() -> None:
