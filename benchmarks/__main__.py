@@ -48,15 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--repeats", type=int, default=5, help="trials per figure (default 5)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                        help="directory for results.json, results.md and plots")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results"),
+        help="directory for results.json, results.md and plots",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
     results: dict[str, Any] = {
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": _cpus()},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": _cpus(),
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "repeats": args.repeats,
     }
@@ -81,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
 def _cpus() -> int:
     import os
 
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
 if __name__ == "__main__":

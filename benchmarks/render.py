@@ -7,7 +7,7 @@ from typing import Any
 
 
 def _spread(d: dict[str, Any], unit: str = "", digits: int = 0) -> str:
-    return f"{d['median']:,.{digits}f}{unit} ({d['min']:,.{digits}f}–{d['max']:,.{digits}f})"
+    return f"{d['median']:,.{digits}f}{unit} ({d['min']:,.{digits}f}-{d['max']:,.{digits}f})"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -16,7 +16,7 @@ def markdown(results: dict[str, Any]) -> str:
         "# Benchmark results",
         "",
         f"Python {m['python']} on {m['platform']}, {m['cpus']} CPUs; started {results['started']}; "
-        f"{results['repeats']} trials per figure; cells are median (min–max).",
+        f"{results['repeats']} trials per figure; cells are median (min-max).",
         "",
     ]
     if "transport" in results:
@@ -54,10 +54,11 @@ def _transport(t: dict[str, Any]) -> list[str]:
         "",
         "| round trip (64 B) | reference | baseline | ratio |",
         "| --- | ---: | ---: | ---: |",
-        f"| p50 µs | {_spread(lat['reference']['p50_us'])} | {_spread(lat['baseline']['p50_us'])} | "
-        f"{lat['ratio_p50']:.2f} |",
-        f"| p99 µs | {_spread(lat['reference']['p99_us'])} | {_spread(lat['baseline']['p99_us'])} | "
-        f"{lat['ratio_p99']:.2f} |",
+        *(
+            f"| {q} µs | {_spread(lat['reference'][f'{q}_us'])} | "
+            f"{_spread(lat['baseline'][f'{q}_us'])} | {lat[f'ratio_{q}']:.2f} |"
+            for q in ("p50", "p99")
+        ),
         "",
     ]
     return out
@@ -70,12 +71,23 @@ def _suite(s: dict[str, Any]) -> list[str]:
         out.append(f"| {label} | {_spread(run['wall_s'], digits=1)} |")
     families = s.get("families_serial_s", {})
     if families:
-        out += ["", "| suite module (clause family) | serial s (sum of test durations) |", "| --- | ---: |"]
+        out += [
+            "",
+            "| suite module (clause family) | serial s (sum of test durations) |",
+            "| --- | ---: |",
+        ]
         out += [f"| {fam} | {secs:.1f} |" for fam, secs in sorted(families.items())]
     if "machines" in s:
-        out += ["", "| stateful machine | examples | seconds | examples/s |", "| --- | ---: | ---: | ---: |"]
+        out += [
+            "",
+            "| stateful machine | examples | seconds | examples/s |",
+            "| --- | ---: | ---: | ---: |",
+        ]
         for name, row in s["machines"].items():
-            out.append(f"| {name} | {row['examples']} | {row['seconds']:.1f} | {row['examples_per_s']:.1f} |")
+            out.append(
+                f"| {name} | {row['examples']} | {row['seconds']:.1f} | "
+                f"{row['examples_per_s']:.1f} |"
+            )
     return [*out, ""]
 
 

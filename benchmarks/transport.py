@@ -46,16 +46,7 @@ def _payload(size: int) -> dict[str, Any]:
 # -- the two implementations, behind one tiny interface ----------------------
 
 
-class _Node:
-    """What a benchmark process needs: bind, open one link, send, drain."""
-
-    def connect(self, peer_port: int) -> None: ...
-    def send(self, msg: dict[str, Any]) -> bool: ...  # False: queue full, retry later
-    def drain(self) -> list[dict[str, Any]]: ...
-    def close(self) -> None: ...
-
-
-class _ReferenceNode(_Node):
+class _ReferenceNode:
     def __init__(self, port: int) -> None:
         from reference_impl import SendQueueFullError, ZmqTransport
 
@@ -91,7 +82,7 @@ class _ReferenceNode(_Node):
         self._t.close()
 
 
-class _BaselineNode(_Node):
+class _BaselineNode:
     def __init__(self, port: int) -> None:
         self._ctx = zmq.Context(io_threads=1)
         self._router = self._ctx.socket(zmq.ROUTER)
@@ -169,8 +160,9 @@ def _sink(kind: str, port: int, expected: int, ready: Queue[Any], out: Queue[Any
     node.close()
 
 
-def _source(kind: str, port: int, peer: int, count: int, size: int, ready: Queue[Any],
-            go: Any, stop: Any) -> None:
+def _source(
+    kind: str, port: int, peer: int, count: int, size: int, ready: Queue[Any], go: Any, stop: Any
+) -> None:
     node = _make(kind, port)
     node.connect(peer)
     msg = _payload(size)
@@ -228,7 +220,9 @@ class ThroughputTrial:
     mb_per_s: float
 
 
-def throughput(kind: str, size: int, *, senders: int = 1, count: int | None = None) -> ThroughputTrial:
+def throughput(
+    kind: str, size: int, *, senders: int = 1, count: int | None = None
+) -> ThroughputTrial:
     """One trial: ``senders`` processes push ``count`` messages each into one sink."""
     ctx = mp.get_context("spawn")
     per_sender = count or COUNTS[size]
@@ -292,7 +286,9 @@ def run(repeats: int = 3, progress: Callable[[str], None] = print) -> dict[str, 
                 "mb_per_s": Spread.of([t.mb_per_s for t in trials]).as_dict(),
             }
             progress(f"throughput {label} {kind}: {row[kind]['msgs_per_s']['median']:,.0f} msg/s")
-        row["ratio"] = row["reference"]["msgs_per_s"]["median"] / row["baseline"]["msgs_per_s"]["median"]
+        row["ratio"] = (
+            row["reference"]["msgs_per_s"]["median"] / row["baseline"]["msgs_per_s"]["median"]
+        )
         results["throughput"][label] = row
     for kind in KINDS:
         p50s, p99s = [], []
@@ -304,14 +300,25 @@ def run(repeats: int = 3, progress: Callable[[str], None] = print) -> dict[str, 
             "p50_us": Spread.of(p50s).as_dict(),
             "p99_us": Spread.of(p99s).as_dict(),
         }
-        progress(f"latency {kind}: p50 {Spread.of(p50s).median:.0f} us, p99 {Spread.of(p99s).median:.0f} us")
+        p50, p99 = Spread.of(p50s).median, Spread.of(p99s).median
+        progress(f"latency {kind}: p50 {p50:.0f} us, p99 {p99:.0f} us")
     lat = results["latency"]
-    results["latency"]["ratio_p50"] = lat["reference"]["p50_us"]["median"] / lat["baseline"]["p50_us"]["median"]
-    results["latency"]["ratio_p99"] = lat["reference"]["p99_us"]["median"] / lat["baseline"]["p99_us"]["median"]
+    results["latency"]["ratio_p50"] = (
+        lat["reference"]["p50_us"]["median"] / lat["baseline"]["p50_us"]["median"]
+    )
+    results["latency"]["ratio_p99"] = (
+        lat["reference"]["p99_us"]["median"] / lat["baseline"]["p99_us"]["median"]
+    )
     for kind in KINDS:
         trials = [throughput(kind, 64, senders=8) for _ in range(repeats)]
-        results["fan_in"][kind] = {"msgs_per_s": Spread.of([t.msgs_per_s for t in trials]).as_dict()}
-        progress(f"fan-in 8x64 B {kind}: {results['fan_in'][kind]['msgs_per_s']['median']:,.0f} msg/s")
+        results["fan_in"][kind] = {
+            "msgs_per_s": Spread.of([t.msgs_per_s for t in trials]).as_dict()
+        }
+        progress(
+            f"fan-in 8x64 B {kind}: {results['fan_in'][kind]['msgs_per_s']['median']:,.0f} msg/s"
+        )
     fan = results["fan_in"]
-    fan["ratio"] = fan["reference"]["msgs_per_s"]["median"] / fan["baseline"]["msgs_per_s"]["median"]
+    fan["ratio"] = (
+        fan["reference"]["msgs_per_s"]["median"] / fan["baseline"]["msgs_per_s"]["median"]
+    )
     return results
