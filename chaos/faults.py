@@ -24,7 +24,8 @@ them): ``timeout`` with ``timeout=0`` lets no byte through and never closes
 partition that heals leaves broken TCP streams behind. ``reset_peer`` resets
 a connection (TCP RST) as soon as data flows. A disabled proxy closes its
 connections and refuses new ones. ``latency``, ``slicer`` and ``bandwidth``
-delay, fragment and throttle without losing bytes.
+delay, fragment and throttle without losing bytes; ``slow_close`` with a
+long delay (:meth:`Faults.hold_close`) holds a close back.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DESTRUCTIVE", "Fault", "FaultKind", "Faults"]
 
-FaultKind = Literal["partition", "latency", "reset", "slice", "bandwidth", "disable"]
+FaultKind = Literal[
+    "partition", "latency", "reset", "slice", "bandwidth", "disable", "hold_close"
+]
 
 #: Faults that break connections (bytes lost, streams closed or reset).
 #: The others only delay, fragment or throttle.
@@ -131,6 +134,15 @@ class Faults:
     def bandwidth(self, *nodes: Node, rate_kbps: int) -> Fault:
         """Throttle every direction to ``rate_kbps`` KB/s (1 KB = 1000 bytes)."""
         return self._toxic("bandwidth", nodes, "bandwidth", {"rate": rate_kbps})
+
+    def hold_close(self, *nodes: Node) -> Fault:
+        """Hold back every close (FIN) while data still flows.
+
+        A node that closes (or restarts) then leaves the far end of its old
+        connections half-open, as a crashed host does, until the far end
+        writes to it (and gets a reset) or its heartbeat expires.
+        """
+        return self._toxic("hold_close", nodes, "slow_close", {"delay": _HOLD_CLOSE_MS})
 
     def disable(self, *nodes: Node) -> Fault:
         """Disable the proxies: live connections are closed, new ones refused."""

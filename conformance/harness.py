@@ -46,11 +46,11 @@ from conformance.spec import TransportSpec
 
 __all__ = [
     "DEFAULT_WAIT_S",
-    "expect_error",
     "HOST",
     "Cluster",
     "Connection",
     "Node",
+    "expect_error",
     "free_port",
     "handshake",
     "is_address_in_use",
@@ -175,12 +175,14 @@ def wait_inbound(
                 return conn
         return None
 
-    return wait_until(
+    conn = wait_until(
         found,
         nodes=pollers,
         timeout=timeout,
         what=what or f"{node.name} to report an inbound connection from {peer_id} via poll()",
     )
+    assert conn is not None  # wait_until returns only truthy values
+    return conn
 
 
 def receive(

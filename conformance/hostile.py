@@ -164,7 +164,10 @@ class HostilePeer:
         return self._disconnected
 
     def send(self, frames: Sequence[bytes]) -> bool:
-        """Send one multipart message; False if it would block. An empty list sends one empty frame."""
+        """Send one multipart message; False if it would block.
+
+        An empty list sends one empty frame (ZeroMQ cannot send zero frames).
+        """
         parts = list(frames) or [b""]
         try:
             with watchdog.guard(f"hostile send to {self.target}", 2.0):
@@ -288,11 +291,10 @@ class StalledListener:
 def send_raw_tcp(target: str, data: bytes, *, timeout: float = 2.0) -> None:
     """Open a plain TCP connection to ``target``, write ``data`` (not ZMTP), close it."""
     host, _, port = target.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        try:
-            sock.sendall(data)
-        except OSError:
-            pass  # the peer may hang up on garbage: that is its right
+    # The peer may hang up on garbage: that is its right.
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock, \
+            contextlib.suppress(OSError):
+        sock.sendall(data)
 
 
 class RawRouter:
@@ -306,11 +308,11 @@ class RawRouter:
 
     def __init__(self, host: str = HOST) -> None:
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-        self.socket.linger = 0
+        self.socket.setsockopt(zmq.LINGER, 0)
         # A peer reconnecting under the same identity takes over at once
         # (without this, libzmq drops the newcomer while the old one lingers).
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        port = self.socket.bind_to_random_port(f"tcp://{host}")
+        port: int = self.socket.bind_to_random_port(f"tcp://{host}")
         self.address = f"{host}:{port}"
 
     def recv(self, timeout: float = 0.0) -> list[bytes] | None:

@@ -178,7 +178,7 @@ def _thread_count() -> int:
 def _psutil_process() -> Any:
     if "psutil" not in sys.modules:
         try:
-            import psutil  # noqa: F401  (optional dependency)
+            import psutil
         except ImportError:
             return None
     import psutil

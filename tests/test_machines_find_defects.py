@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 from _machine_mutants import DropsFirstMessageAfterRestart
-from hypothesis import Phase, seed
+from hypothesis import Phase
 
 from conformance import profiles
-from conformance.machines import ClusterMachine, machine_test
+from conformance.machines import ClusterMachine, run_machine
 from conformance.selfcheck import transports as catalog
 from conformance.spec import TransportSpec, make_spec
 
@@ -88,39 +88,24 @@ def hunt(spec: TransportSpec, *, seed_value: int, shrink: bool,
 
     Counting.__name__ = Counting.__qualname__ = "ClusterMachine"
     phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
-    test = machine_test(
-        Counting, spec,
-        profiles.suite_settings(max_examples=max_examples, stateful_step_count=STEPS,
-                                database=None, phases=phases, print_blob=False),
-    )
+    settings = profiles.suite_settings(max_examples=max_examples, stateful_step_count=STEPS,
+                                       database=None, phases=phases, print_blob=False)
     started = time.monotonic()
     try:
-        seed(seed_value)(test)()
-    except Exception as exc:
-        # A timing-dependent defect may not reproduce on Hypothesis's replay:
-        # it then reports Flaky* wrapping the failure it saw first.
-        failure = _first_assertion(exc)
-        if failure is None:
-            raise
-        notes = [*getattr(exc, "__notes__", []), *getattr(failure, "__notes__", [])]
-        exc = failure
+        run_machine(Counting, spec, settings, seed=seed_value)
+    except AssertionError as exc:
+        notes = [*getattr(exc, "__notes__", [])]
+        cause = exc.__cause__
+        while cause is not None:
+            notes.extend(getattr(cause, "__notes__", []))
+            cause = cause.__cause__
         steps = sum(1 for line in "\n".join(notes).splitlines()
-                    if line.lstrip().startswith(("state.", "nodes_", "conns_", "("))
-                    and "teardown" not in line and "state = " not in line)
+                    if line.lstrip().startswith(("state.", "nodes_"))
+                    and "teardown" not in line and "state = " not in line
+                    and "alive_as_modelled" not in line)
         return Hunt(True, str(exc), built[0], time.monotonic() - started, steps,
                     "\n".join(notes))
     return Hunt(False, "", built[0], time.monotonic() - started, 0)
-
-
-def _first_assertion(exc: BaseException) -> AssertionError | None:
-    if isinstance(exc, AssertionError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            found = _first_assertion(sub)
-            if found is not None:
-                return found
-    return None
 
 
 @pytest.mark.parametrize("defect", DEFECTS, ids=[d.factory.__name__ for d in DEFECTS])
@@ -158,7 +143,7 @@ def _table(seeds: int = 5) -> None:  # pragma: no cover - a measuring tool
               f"{len(found)}/{seeds} | {median_examples} | {median_s} | {shrunk.steps} |",
               flush=True)
         if "-v" in sys.argv:
-            print(shrunk.message, file=sys.stderr)
+            print(shrunk.message, shrunk.counterexample, sep="\n", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

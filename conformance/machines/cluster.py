@@ -96,6 +96,10 @@ class ClusterMachine(RuleBasedStateMachine):
         self._hostiles: list[HostilePeer] = []
         self._hostile_ids: dict[str, set[str]] = {}
         self._baseline: resources.ResourceSnapshot | None = None
+        #: Failures of this run are appended here (see ``run_machine``).
+        self.failure_log: list[AssertionError] | None = None
+        #: Connections whose creation visibly opened descriptors.
+        self._owns_fds: set[str] = set()
 
     # -- setup and teardown ----------------------------------------------------
 
@@ -116,10 +120,15 @@ class ClusterMachine(RuleBasedStateMachine):
         return multiple(*refs)
 
     def teardown(self) -> None:
+        self._log_failure(sys.exc_info()[1])
         try:
             # A failing step is propagating: report it, not a follow-up failure.
             if sys.exc_info()[0] is None and self.node:
-                self.settle()
+                try:
+                    self.settle()
+                except AssertionError as exc:
+                    self._log_failure(exc)
+                    raise
         finally:
             for peer in self._hostiles:
                 peer.close()
@@ -133,6 +142,10 @@ class ClusterMachine(RuleBasedStateMachine):
             except Exception as exc:
                 if not failing:
                     raise Violation("RES-1", f"closing a node raised {exc!r}") from exc
+
+    def _log_failure(self, exc: BaseException | None) -> None:
+        if isinstance(exc, AssertionError) and self.failure_log is not None:
+            self.failure_log.append(exc)
 
     # -- rules -------------------------------------------------------------------
 
@@ -349,6 +362,7 @@ class ClusterMachine(RuleBasedStateMachine):
         outcome = self.model.connect_outcome(src, dst)
         old = self.model.nodes[src].registry.get(dst)
         what = f"{src}.connect({dst})"
+        before = resources.snapshot().fd_count if self._baseline is not None else None
         try:
             proxy = node.connect(self.node[dst].local_id)
         except CallBlocked:
@@ -370,6 +384,10 @@ class ClusterMachine(RuleBasedStateMachine):
             raise Violation("CONN-2", f"{what} succeeded although {old.name} is registered "
                             "and alive")
         conn = self.model.connected(src, dst)
+        if before is not None and resources.snapshot().fd_count > before:
+            # This transport visibly spends descriptors on a connection, so
+            # close() must visibly give some back (CONN-5).
+            self._owns_fds.add(conn.name)
         self._adopt(node, proxy, conn, what)
         peer_id = self._call("CONN-1", f"{conn.name}.peer_id", lambda: proxy.peer_id)
         if peer_id != self.node[dst].local_id:
@@ -470,8 +488,8 @@ class ClusterMachine(RuleBasedStateMachine):
         holds_resources = not (conn.closed or conn.retired or conn.uncertain or conn.seen_dead)
         if not conn.closed:
             self._drain(conn)
-        measure = (self._baseline is not None and holds_resources
-                   and not self.model.uncertain_conns())
+        measure = (conn.name in self._owns_fds and holds_resources
+                   and not any(c.uncertain for c in self.model.conns.values() if not c.stale))
         before = resources.snapshot() if measure else None
         self._call("CONN-5", f"{conn.name}.close()", self.proxy[conn.name].close)
         self.model.closed(conn)
@@ -479,7 +497,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if before is not None:
             resources.wait_for_release(
                 before,
-                what=f"CONN-5: {conn.name}.close() ({'after mark_dead()' if conn.marked else ''})"
+                what=f"CONN-5: {conn.name}.close(){' after mark_dead()' if conn.marked else ''}"
                      " released no descriptor",
                 timeout=2.0,
                 fd_slack=-1,

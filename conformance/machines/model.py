@@ -96,6 +96,11 @@ class ConnModel:
     seen_dead: bool = False
     #: Made by ``connect()`` retiring a dead-but-registered entry (CONN-3).
     replaced: bool = False
+    #: A message sent on it has arrived: it reached the peer's transport.
+    established: bool = False
+    #: The peer restarted before it was established: it may have attached to
+    #: the new peer transport instead, so it may stay alive (allowed either).
+    may_survive: bool = False
     #: Sequence numbers sent on this connection, in order.
     sent: list[int] = field(default_factory=list)
 
@@ -196,6 +201,22 @@ class ClusterModel:
             entry = other.registry.get(name)
             if entry is not None and not entry.must_be_dead:
                 entry.peer_lost = True
+                # A connection whose first bytes never reached the old transport
+                # may connect to the new one: nothing "went away" for it.
+                entry.may_survive = not entry.established
+
+    def link_faulted(self, a: str, b: str, why: str, *, may_die: bool = True) -> None:
+        """A fault between ``a`` and ``b`` (for chaos machines): traffic in flight
+        between them becomes "may"; with ``may_die``, their connections to each
+        other become uncertain (either outcome allowed, never required to die)."""
+        for msg in self.unreceived():
+            if {msg.sender, msg.receiver} == {a, b}:
+                self._may(msg, why)
+        if may_die:
+            for owner, peer in ((a, b), (b, a)):
+                entry = self.nodes[owner].registry.get(peer)
+                if entry is not None and not entry.must_be_dead:
+                    entry.peer_lost = entry.may_survive = True
 
     # -- connections --------------------------------------------------------
 
@@ -384,6 +405,7 @@ class ClusterModel:
             )
         self._last_seq[key] = msg.seq
         msg.arrivals.append(conn.name)
+        self.conns[msg.conn].established = True
         return msg
 
     def unreceived(self) -> Iterator[MessageModel]:
@@ -400,7 +422,9 @@ class ClusterModel:
     # -- questions ----------------------------------------------------------
 
     def uncertain_conns(self) -> list[ConnModel]:
-        return [c for c in self.conns.values() if c.uncertain and not c.stale]
+        """Connections whose peer restarted that must be found dead (POLL-5)."""
+        return [c for c in self.conns.values()
+                if c.uncertain and not c.stale and not c.may_survive]
 
     def live_entries(self) -> int:
         """Registered connections the implementation may still hold resources for."""

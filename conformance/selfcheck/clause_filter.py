@@ -5,20 +5,48 @@
 try a mutant against the clauses it targets before falling back to the whole
 suite. A test is kept when any of its ``@pytest.mark.clause(...)`` IDs is
 wanted. Normal runs never load this module.
+
+``--selfcheck-shrink-seconds`` caps the time Hypothesis spends shrinking a
+failure (its own cap is five minutes). Against a mutant, a failing example
+often waits out a harness deadline, so every shrink step costs seconds; the
+self-check needs the kill, not the minimal example. The cap is Hypothesis's
+module constant ``MAX_SHRINKING_SECONDS``, patched in this process only.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 OPTION = "--selfcheck-clause"
+SHRINK_OPTION = "--selfcheck-shrink-seconds"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
+    group = parser.getgroup("zmq-selfcheck", "zmq-conformance self-check (internal)")
+    group.addoption(
         OPTION, action="append", default=[], metavar="ID", dest="selfcheck_clauses",
-        help="self-check: keep only tests marked with this clause (repeatable)",
+        help="keep only tests marked with this clause (repeatable)",
     )
+    group.addoption(
+        SHRINK_OPTION, type=int, default=None, metavar="SECONDS",
+        dest="selfcheck_shrink_seconds",
+        help="cap Hypothesis shrinking at SECONDS per failing test",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    seconds = config.getoption("selfcheck_shrink_seconds")
+    if seconds is None:
+        return
+    from hypothesis.internal.conjecture import engine
+
+    if not hasattr(engine, "MAX_SHRINKING_SECONDS"):
+        warnings.warn(f"{SHRINK_OPTION}: this Hypothesis has no MAX_SHRINKING_SECONDS; "
+                      "shrinking is not capped", stacklevel=1)
+        return
+    engine.MAX_SHRINKING_SECONDS = max(1, seconds)
 
 
 @pytest.hookimpl(trylast=True)

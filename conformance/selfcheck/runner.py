@@ -62,6 +62,7 @@ CLEAN: Final = frozenset({"passed", "skipped", "xfailed"})
 
 DEFAULT_SEED: Final = 20261129
 DEFAULT_RUN_TIMEOUT_S: Final = 900.0
+DEFAULT_SHRINK_S: Final = 20
 _STEP = re.compile(r"^\s*state\.(\w+)\(")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,6 +142,7 @@ class _Config:
     seed: int
     chaos: bool
     run_timeout: float
+    shrink_seconds: int
     run_args: tuple[str, ...]
     workdir: Path
 
@@ -179,6 +181,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
         command.append("--chaos")
     command += [*config.run_args, "--", "-p", "conformance.selfcheck.clause_filter",
                 "-p", "no:cacheprovider"]
+    command += [clause_filter.SHRINK_OPTION, str(config.shrink_seconds)]
     for clause in clauses or ():
         command += [clause_filter.OPTION, clause]
     if stop_at_first_failure:
@@ -397,9 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"Hypothesis seed for every run (default {DEFAULT_SEED})")
     parser.add_argument("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT_S,
                         metavar="SECONDS", help="a suite run longer than this counts as hung")
+    parser.add_argument("--shrink-seconds", type=int, default=DEFAULT_SHRINK_S, metavar="SECONDS",
+                        help="cap Hypothesis shrinking per failing test (default "
+                             f"{DEFAULT_SHRINK_S}; Hypothesis alone allows 300)")
     parser.add_argument("--xfail-file", metavar="PATH",
                         help="pass this expected-failure list to every run (to check that "
                              "it hides no real bug)")
+    parser.add_argument("--keep-logs", metavar="DIR",
+                        help="keep every run's output, verdicts and Hypothesis database in DIR")
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     return parser
 
@@ -443,9 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         selected = [m for m in selected if args.chaos or not m.chaos]
     run_args = ("--xfail-file", str(Path(args.xfail_file).resolve())) if args.xfail_file else ()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="zmq-selfcheck-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="zmq-selfcheck-") as scratch:
+        workdir = Path(args.keep_logs).resolve() if args.keep_logs else Path(scratch)
+        workdir.mkdir(parents=True, exist_ok=True)
         config = _Config(args.profile, args.seed, args.chaos, args.run_timeout,
-                         run_args, Path(workdir))
+                         args.shrink_seconds, run_args, workdir)
         print(f"{PROG}: {len(selected)} mutant(s), profile {args.profile}, seed {args.seed}, "
               f"{args.workers} at a time", flush=True)
         results, controls = run_selfcheck(selected, config, workers=args.workers,

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import profiles
+from conformance import profiles, watchdog
 from conformance.harness import (
     Cluster,
     Connection,
+    Node,
     handshake,
     receive,
     scaled,
@@ -71,9 +72,8 @@ def test_each_inbound_connection_reported_once_with_first_message(
         raw_ids = [id(c.raw) for c in b.inbound]
         assert len(set(raw_ids)) == len(raw_ids), "POLL-1: a connection was returned twice"
         for conn in b.inbound:
-            rest = receive(conn, len(sent[conn.peer_id]) - len(got[conn.peer_id]),
-                           nodes=senders) if len(got[conn.peer_id]) < len(sent[conn.peer_id]) \
-                else conn.recv()
+            missing = len(sent[conn.peer_id]) - len(got[conn.peer_id])
+            rest = receive(conn, missing, nodes=senders) if missing > 0 else conn.recv()
             stream = got[conn.peer_id] + rest
             assert stream == sent[conn.peer_id], (
                 f"MSG-2: from {conn.peer_id} received {stream!r}, sent {sent[conn.peer_id]!r}"
@@ -143,12 +143,10 @@ def test_idle_poll_returns_empty_quickly(zmq_transport_spec: TransportSpec) -> N
         assert median < 0.05, f"POLL-4: idle poll() took {median * 1000:.1f} ms (median)"
 
 
-def _idle_polls(node: Any, count: int) -> list[float]:
+def _idle_polls(node: Node, count: int) -> list[float]:
     durations: list[float] = []
     for _ in range(count):
         start = time.perf_counter()
-        from conformance import watchdog
-
         with watchdog.guard(f"idle {node.name}.poll() (POLL-4)", 1.0):
             new = node.poll()
         durations.append(time.perf_counter() - start)
