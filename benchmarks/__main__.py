@@ -8,36 +8,32 @@ own cost), ``detection`` (heartbeat detection vs the timeout), ``proxy``
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks import render
 
-SECTIONS = ("transport", "suite", "detection", "proxy")
+#: Section name -> (module, keyword arguments of its ``run`` given ``repeats``).
+_SECTIONS: dict[str, tuple[str, Callable[[int], dict[str, int]]]] = {
+    "transport": ("benchmarks.transport", lambda r: {"repeats": r}),
+    "suite": ("benchmarks.suite_cost", lambda r: {"repeats": max(1, r - 2)}),
+    "detection": ("benchmarks.detection", lambda r: {"trials": max(5, r * 3)}),
+    "proxy": ("benchmarks.proxy_overhead", lambda r: {"repeats": r}),
+}
+SECTIONS = tuple(_SECTIONS)
 
 
 def _run_section(name: str, repeats: int) -> dict[str, Any]:
-    if name == "transport":
-        from benchmarks import transport
-
-        return transport.run(repeats=repeats, progress=_progress)
-    if name == "suite":
-        from benchmarks import suite_cost
-
-        return suite_cost.run(repeats=max(1, repeats - 2), progress=_progress)
-    if name == "detection":
-        from benchmarks import detection
-
-        return detection.run(trials=max(5, repeats * 3), progress=_progress)
-    if name == "proxy":
-        from benchmarks import proxy_overhead
-
-        return proxy_overhead.run(repeats=repeats, progress=_progress)
-    raise ValueError(name)
+    module_name, kwargs = _SECTIONS[name]
+    module = importlib.import_module(module_name)
+    result: dict[str, Any] = module.run(progress=_progress, **kwargs(repeats))
+    return result
 
 
 def _progress(line: str) -> None:
