@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import zmq
+from hypothesis.control import currently_in_test_context
 
 from conformance import profiles, watchdog
 from conformance.errors import CallBlocked
@@ -46,6 +47,7 @@ from conformance.spec import TransportSpec
 
 __all__ = [
     "DEFAULT_WAIT_S",
+    "PROPERTY_WAIT_S",
     "HOST",
     "Cluster",
     "Connection",
@@ -66,6 +68,10 @@ T = TypeVar("T")
 HOST = "127.0.0.1"
 #: Default deadline of :func:`wait_until`: ample for anything on loopback.
 DEFAULT_WAIT_S = 5.0
+#: Default deadline inside a Hypothesis example. Shrinking re-runs a failing
+#: example dozens of times, each waiting out its deadline; 2 s (still
+#: hundreds of times a loopback round trip) keeps a failing run in minutes.
+PROPERTY_WAIT_S = 2.0
 #: Fresh ports tried by :meth:`Cluster.add_node` before giving up.
 _BIND_ATTEMPTS = 8
 #: How long :meth:`Cluster.restart` retries a port libzmq has not released yet.
@@ -128,7 +134,7 @@ def wait_until(
     condition: Callable[[], T],
     *,
     nodes: Iterable[Node] = (),
-    timeout: float = DEFAULT_WAIT_S,
+    timeout: float | None = None,
     what: str,
 ) -> T:
     """Drive ``poll()`` on ``nodes`` until ``condition()`` is truthy; return its value.
@@ -139,6 +145,7 @@ def wait_until(
     Never sleeps for a fixed time and never hangs.
     """
     node_list = list(nodes)
+    timeout = _resolve(timeout)
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
@@ -152,13 +159,20 @@ def wait_until(
         time.sleep(_POLL_PAUSE_S)
 
 
+def _resolve(timeout: float | None) -> float:
+    """An explicit timeout, else the default for the current context."""
+    if timeout is not None:
+        return timeout
+    return PROPERTY_WAIT_S if currently_in_test_context() else DEFAULT_WAIT_S
+
+
 def wait_inbound(
     node: Node,
     peer_id: str,
     *,
     nodes: Iterable[Node] = (),
     exclude: Iterable[Connection] = (),
-    timeout: float = DEFAULT_WAIT_S,
+    timeout: float | None = None,
     what: str | None = None,
 ) -> Connection:
     """Poll ``node`` (and ``nodes``) until it reports an inbound connection from ``peer_id``.
@@ -190,7 +204,7 @@ def receive(
     count: int,
     *,
     nodes: Iterable[Node] = (),
-    timeout: float = DEFAULT_WAIT_S,
+    timeout: float | None = None,
     what: str | None = None,
 ) -> list[dict[str, Any]]:
     """Call ``conn.recv()`` while polling ``nodes`` until ``count`` messages arrived.
@@ -239,7 +253,7 @@ def scaled(count: int) -> int:
 
 
 def handshake(
-    a: Node, b: Node, *, hello: dict[str, Any] | None = None, timeout: float = DEFAULT_WAIT_S
+    a: Node, b: Node, *, hello: dict[str, Any] | None = None, timeout: float | None = None
 ) -> tuple[Connection, Connection]:
     """``a`` connects to ``b`` and sends ``hello``; returns (a's connection, b's inbound one).
 
@@ -272,6 +286,9 @@ class Connection:
         self.node = node
         self.inbound = inbound
         self.received: list[dict[str, Any]] = []
+        # The previous recv() result and a copy, to notice a reused buffer.
+        self._last_raw: Any = None
+        self._last_copy: list[Any] = []
 
     @property
     def peer_id(self) -> str:
@@ -304,6 +321,12 @@ class Connection:
                 "not a sequence of messages"
             )
         messages = list(result)
+        if self._last_raw is not None and list(self._last_raw) != self._last_copy:
+            raise AssertionError(
+                f"{self._where()}.recv() changed the sequence it returned before "
+                "(a shared buffer): the caller's earlier messages vanished (MSG-3)"
+            )
+        self._last_raw, self._last_copy = result, messages
         for msg in messages:
             if not isinstance(msg, dict):
                 raise AssertionError(
@@ -540,7 +563,7 @@ class Cluster:
         condition: Callable[[], T],
         *,
         what: str,
-        timeout: float = DEFAULT_WAIT_S,
+        timeout: float | None = None,
         nodes: Iterable[Node] | None = None,
     ) -> T:
         """:func:`wait_until` polling ``nodes`` (default: every open node)."""

@@ -211,7 +211,8 @@ class Flooder:
     """A background thread whose own DEALER floods ``target`` until stopped.
 
     The socket is created, used and closed in the thread (pyzmq sockets are
-    not thread-safe). ``sent`` counts messages that went out. Use as a
+    not thread-safe). ``sent`` counts messages that went out; ``sndhwm=0``
+    queues without limit, so the flood outpaces any reader. Use as a
     context manager: the flood starts on entry and stops on exit.
     """
 
@@ -222,11 +223,13 @@ class Flooder:
         *,
         identity: bytes | None = None,
         max_messages: int = 1_000_000,
+        sndhwm: int = 1000,
     ) -> None:
         self.target = target
         self.frames = list(frames)
         self.identity = identity
         self.max_messages = max_messages
+        self.sndhwm = sndhwm
         self.sent = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -235,9 +238,12 @@ class Flooder:
 
     def _run(self) -> None:
         try:
-            with HostilePeer(self.target, identity=self.identity) as peer:
-                while not self._stop.is_set() and self.sent < self.max_messages:
-                    if peer.send(self.frames):
+            with HostilePeer(self.target, identity=self.identity, sndhwm=self.sndhwm) as peer:
+                while not self._stop.is_set():
+                    if self.sent >= self.max_messages:
+                        # Keep the socket (and what it still queues) until stopped.
+                        self._stop.wait(0.01)
+                    elif peer.send(self.frames):
                         self.sent += 1
                     else:
                         time.sleep(0.0005)

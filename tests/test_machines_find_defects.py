@@ -128,10 +128,12 @@ def test_reference_passes_machine_with_same_budget() -> None:
     assert not result.found, result.message
 
 
-def _table(seeds: int = 5) -> None:  # pragma: no cover - a measuring tool
+def _table(seeds: int = 5, only: str = "") -> None:  # pragma: no cover - a measuring tool
     print("| defect | machine | found | median examples | median s | shrunk steps |")
     print("|---|---|---|---|---|---|")
     for defect in DEFECTS:
+        if only and only not in defect.factory.__name__:
+            continue
         spec = make_spec(defect.factory)
         runs = [hunt(spec, seed_value=s, shrink=False) for s in range(seeds)]
         found = [r for r in runs if r.found]
@@ -147,4 +149,4 @@ def _table(seeds: int = 5) -> None:  # pragma: no cover - a measuring tool
 
 
 if __name__ == "__main__":  # pragma: no cover
-    _table()
+    _table(only=next((a for a in sys.argv[1:] if not a.startswith("-")), ""))

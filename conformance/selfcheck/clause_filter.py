@@ -4,7 +4,9 @@
 (``-p conformance.selfcheck.clause_filter --selfcheck-clause CONN-3 ...``) to
 try a mutant against the clauses it targets before falling back to the whole
 suite. A test is kept when any of its ``@pytest.mark.clause(...)`` IDs is
-wanted. Normal runs never load this module.
+wanted; the kept tests run narrowest first (fewest clauses), so a run that
+stops at its first failure kills as fast as it can. Normal runs never load
+this module.
 
 ``--selfcheck-shrink-seconds`` caps the time Hypothesis spends shrinking a
 failure (its own cap is five minutes). Against a mutant, a failing example
@@ -59,6 +61,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         ids = {value for marker in item.iter_markers("clause") for value in marker.args}
         (keep if ids & wanted else drop).append(item)
+    # Specific tests first, broad ones (a stateful machine checking every clause) last:
+    # with -x the run stops at the first kill, and specific tests kill fastest.
+    keep.sort(key=_breadth)
+    items[:] = keep
     if drop:
-        items[:] = keep
         config.hook.pytest_deselected(items=drop)
+
+
+def _breadth(item: pytest.Item) -> int:
+    return len({value for marker in item.iter_markers("clause") for value in marker.args})

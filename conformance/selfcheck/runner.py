@@ -62,7 +62,7 @@ CLEAN: Final = frozenset({"passed", "skipped", "xfailed"})
 
 DEFAULT_SEED: Final = 20261129
 DEFAULT_RUN_TIMEOUT_S: Final = 900.0
-DEFAULT_SHRINK_S: Final = 20
+DEFAULT_SHRINK_S: Final = 10
 _STEP = re.compile(r"^\s*state\.(\w+)\(")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

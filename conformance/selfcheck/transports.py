@@ -590,9 +590,9 @@ class OversizeCrashesPoll(ZmqTransport):
 
 
 class IdlePollWaits(ZmqTransport):
-    """``poll()`` waits up to half a second for traffic when there is none."""
+    """``poll()`` waits up to 150 ms for traffic when there is none."""
 
-    idle_wait_ms: ClassVar[int] = 500
+    idle_wait_ms: ClassVar[int] = 150
 
     def poll(self) -> list[ZmqConnection]:
         self._check_open()

@@ -1,0 +1,259 @@
+"""The mutant catalog and ``zmq-conformance self-check``.
+
+Pure-logic tests of the catalog (coverage of clauses and bug classes, names,
+factories), of the runner's parsing and rendering, and one expensive test,
+parametrized by mutant so it spreads over ``pytest -n auto``: every non-chaos
+mutant is killed by the tests of the clauses it targets, under the default
+profile, and the reference passes those same clauses.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conformance.clauses import CLAUSES
+from conformance.errors import ConfigError
+from conformance.selfcheck import mutants as catalog_module
+from conformance.selfcheck import runner
+from conformance.selfcheck.mutants import (
+    CATALOG,
+    FAILURE_MODES,
+    RACY,
+    Mutant,
+    load_catalog,
+    load_extra,
+    validate,
+)
+from conformance.spec import load_factory
+
+ROOT = Path(__file__).resolve().parents[1]
+NON_CHAOS = [m for m in CATALOG if not m.chaos]
+
+
+# -- the catalog ---------------------------------------------------------------
+
+
+def test_every_clause_but_sec2_is_targeted() -> None:
+    """Every clause has a mutant; non-chaos clauses have a non-chaos one (SEC-2 needs
+    a transport that declares authentication, which the reference does not)."""
+    targeted = {c for m in CATALOG for c in m.clauses}
+    non_chaos_targeted = {c for m in NON_CHAOS for c in m.clauses}
+    for clause in CLAUSES.values():
+        if clause.id == "SEC-2":
+            continue
+        assert clause.id in targeted, f"no mutant targets {clause.id}"
+        if not clause.chaos:
+            assert clause.id in non_chaos_targeted, f"no non-chaos mutant targets {clause.id}"
+
+
+def test_every_design_bug_class_is_modelled() -> None:
+    used = {m.models for m in CATALOG}
+    missing = [k for k, mode in FAILURE_MODES.items() if mode.design and k not in used]
+    assert not missing, f"bug classes of DESIGN.md without a mutant: {missing}"
+    assert all(m.models in FAILURE_MODES for m in (*CATALOG, *RACY))
+
+
+def test_names_unique_and_valid() -> None:
+    names = [m.name for m in (*CATALOG, *RACY)]
+    assert len(names) == len(set(names))
+    validate((*CATALOG, *RACY))
+
+
+@pytest.mark.parametrize("mutant", [*CATALOG, *RACY], ids=lambda m: m.name)
+def test_every_factory_imports_and_derives_from_the_reference(mutant: Mutant) -> None:
+    from reference_impl import ZmqTransport
+
+    factory = load_factory(mutant.factory)
+    assert isinstance(factory, type) and issubclass(factory, ZmqTransport)
+    assert factory is not ZmqTransport
+    assert factory.__doc__, f"{mutant.factory} has no docstring describing its defect"
+    assert load_factory(mutant.base) is ZmqTransport
+
+
+def test_every_mutant_class_is_in_the_catalog() -> None:
+    from conformance.selfcheck import transports
+
+    listed = {m.factory.split(":")[1] for m in (*CATALOG, *RACY)}
+    assert set(transports.__all__) == listed
+
+
+def test_mutant_source_marks_the_defect() -> None:
+    """Each mutant class (or the class it plugs in) carries a ``# MUTATION`` line."""
+    source = (ROOT / "conformance" / "selfcheck" / "transports.py").read_text()
+    assert source.count("# MUTATION") >= len(CATALOG) + len(RACY)
+
+
+def test_plugin_and_suite_never_import_selfcheck() -> None:
+    """Importing the plugin and every suite module leaves conformance.selfcheck unloaded
+    (the CLI imports the runner lazily, for ``self-check`` only)."""
+    import subprocess
+
+    probe = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import conformance.plugin, conformance.suite
+        for info in pkgutil.walk_packages(conformance.suite.__path__, "conformance.suite."):
+            importlib.import_module(info.name)
+        loaded = sorted(m for m in sys.modules if m.startswith("conformance.selfcheck"))
+        print(" ".join(loaded))
+    """)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "", f"loaded by plugin/suite: {proc.stdout.strip()}"
+    offenders = []
+    for path in [*(ROOT / "conformance").glob("*.py"), *(ROOT / "conformance").rglob("suite/*.py")]:
+        if path.name == "cli.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n.startswith("conformance.selfcheck") for n in names):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, f"these import conformance.selfcheck: {sorted(set(offenders))}"
+
+
+def test_validate_rejects_bad_entries() -> None:
+    good = CATALOG[0]
+    with pytest.raises(ConfigError, match="duplicate name"):
+        validate([good, good])
+    with pytest.raises(ConfigError, match="unknown clause 'NOPE-1'"):
+        validate([Mutant("x", "m:a", "d", "m", ("NOPE-1",))])
+    with pytest.raises(ConfigError, match="snake_case"):
+        validate([Mutant("Bad-Name", "m:a", "d", "m", ("CONN-1",))])
+    with pytest.raises(ConfigError, match="not marked chaos"):
+        validate([Mutant("x", "m:a", "d", "m", ("HB-1",))])
+    with pytest.raises(ConfigError, match="MODULE:ATTR"):
+        validate([Mutant("x", "nocolon", "d", "m", ("CONN-1",))])
+
+
+def test_extra_catalog_loads_from_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_mutants.py").write_text(textwrap.dedent("""
+        from conformance.selfcheck import Mutant
+        CATALOG = [Mutant("mine", "my_transport:Broken", "drops all", "custom", ("MSG-2",),
+                          base="my_transport:Good")]
+        def build():
+            return CATALOG
+        NOT_A_CATALOG = 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [m.name for m in load_extra("my_mutants:CATALOG")] == ["mine"]
+    assert [m.name for m in load_extra("my_mutants:build")] == ["mine"]
+    combined = load_catalog(["my_mutants:CATALOG"], entry_points=False)
+    assert combined[-1].name == "mine" and len(combined) == len(CATALOG) + 1
+    with pytest.raises(ConfigError, match="iterable of Mutant"):
+        load_extra("my_mutants:NOT_A_CATALOG")
+    with pytest.raises(ConfigError, match="cannot import"):
+        load_extra("no_such_module_xyz:CATALOG")
+    with pytest.raises(ConfigError, match="MODULE:ATTR"):
+        load_extra("my_mutants")
+    with pytest.raises(ConfigError, match="duplicate name"):
+        load_catalog(["my_mutants:CATALOG", "my_mutants:build"], entry_points=False)
+
+
+def test_entry_point_group_is_documented() -> None:
+    doc = (ROOT / "docs" / "mutants.md").read_text()
+    assert catalog_module.ENTRY_POINT_GROUP in doc
+    for mutant in CATALOG:
+        assert f"`{mutant.name}`" in doc, f"docs/mutants.md does not list {mutant.name}"
+
+
+# -- the runner's logic ----------------------------------------------------------
+
+
+def test_counterexample_steps() -> None:
+    stateful = textwrap.dedent("""\
+        Falsifying example:
+        state = ClusterMachine()
+        state.add_node(name='a')
+        state.connect(a='a', b='b')
+        state.send(n=1)
+        state.teardown()
+        AssertionError: MSG-2: ...""")
+    assert runner.counterexample_steps(stateful) == 3
+    assert runner.counterexample_steps("Falsifying example: test_x(n=3)\nAssertionError") == 1
+    assert runner.counterexample_steps(None) == 1
+    assert runner.counterexample_steps("AssertionError: CONN-5: leaked") == 1
+
+
+def test_main_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(["--mutant", "no_such_mutant"]) == 2
+    assert "--mutant='no_such_mutant'" in capsys.readouterr().err
+    assert runner.main(["--profile", "nope"]) == 2
+    assert runner.main(["--extra", "nomodule"]) == 2
+    assert runner.main(["-n", "0"]) == 2
+
+
+def test_list_prints_the_catalog_without_running(capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(["--list", "--chaos"]) == 0
+    out = capsys.readouterr().out
+    assert all(m.name in out for m in CATALOG)
+    assert runner.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(m.name not in out for m in CATALOG if m.chaos)
+
+
+def test_renderings_carry_the_kill_matrix() -> None:
+    killed = runner.MutantResult(CATALOG[0], "killed", ["CONN-1"], 3.25, 2, "targeted")
+    survived = runner.MutantResult(CATALOG[1], "survived", [], 9.0, None, None, "too weak")
+    control = runner.ControlResult("reference_impl:ZmqTransport", True, "passed", [], 20.0)
+    config = runner._Config("ci", 1, False, 60.0, 10, (), ROOT)
+    data = runner.to_json([killed, survived], [control], 30.0, config)
+    assert data["mutants"][CATALOG[0].name] == {
+        **data["mutants"][CATALOG[0].name],
+        "killed": True, "clauses": ["CONN-1"], "seconds": 3.25, "counterexample_steps": 2,
+    }
+    assert data["mutants"][CATALOG[1].name]["killed"] is False
+    assert data["controls"]["reference_impl:ZmqTransport"]["passed"] is True
+    json.dumps(data)
+    text = runner.render_text([killed, survived], [control], 30.0)
+    assert "1/2 mutants killed" in text and "too weak" in text
+    markdown = runner.render_markdown([killed, survived], [control], 30.0)
+    assert f"| `{CATALOG[1].name}` | **SURVIVED** |" in markdown
+
+
+# -- the expensive one: every mutant is killed -----------------------------------
+
+
+def _config(tmp_path: Path) -> runner._Config:
+    return runner._Config(
+        profile="ci", seed=runner.DEFAULT_SEED, chaos=False, run_timeout=600.0,
+        shrink_seconds=runner.DEFAULT_SHRINK_S, run_args=(), workdir=tmp_path,
+    )
+
+
+@pytest.mark.parametrize("mutant", NON_CHAOS, ids=lambda m: m.name)
+def test_mutant_is_killed_by_its_target_clauses(mutant: Mutant, tmp_path: Path) -> None:
+    """One suite run (a child process) limited to the mutant's target clauses."""
+    run = runner.run_suite(mutant.factory, runner._targets(mutant, False), _config(tmp_path),
+                           tag=mutant.name, stop_at_first_failure=True)
+    assert run.status in ("failed", "ok"), f"suite run {run.status}:\n{run.log_tail}"
+    assert run.killing, (
+        f"{mutant.name} survived its target clauses {mutant.clauses}: verdicts "
+        f"{ {c: v for c, v in run.verdicts.items() if c in mutant.clauses} }\n{run.log_tail}"
+    )
+
+
+def test_reference_passes_every_targeted_clause(tmp_path: Path) -> None:
+    targets = sorted({c for m in NON_CHAOS for c in m.clauses if not CLAUSES[c].chaos})
+    run = runner.run_suite("reference_impl:ZmqTransport", targets, _config(tmp_path),
+                           tag="reference", stop_at_first_failure=False)
+    assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
+
+
+def test_runner_module_runs_as_a_script() -> None:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "conformance.selfcheck.runner", "--list"],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert CATALOG[0].name in proc.stdout
