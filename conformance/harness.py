@@ -47,8 +47,8 @@ from conformance.spec import TransportSpec
 
 __all__ = [
     "DEFAULT_WAIT_S",
-    "PROPERTY_WAIT_S",
     "HOST",
+    "PROPERTY_WAIT_S",
     "Cluster",
     "Connection",
     "Node",
@@ -142,6 +142,8 @@ def wait_until(
     The condition is checked first, then each open node is polled (through
     the watchdog), with a 1 ms pause per round. When ``timeout`` seconds pass
     without success, raises ``AssertionError("timed out after ...: <what>")``.
+    ``timeout`` defaults to :data:`DEFAULT_WAIT_S`, or :data:`PROPERTY_WAIT_S`
+    inside a Hypothesis example.
     Never sleeps for a fixed time and never hangs.
     """
     node_list = list(nodes)
@@ -357,8 +359,8 @@ class Node:
     """One transport instance: its address, its raw transport, what ``poll()`` returned.
 
     ``inbound`` lists every connection ``poll()`` has returned since the node
-    was (re)built, in order, one entry per time it was returned, so
-    ``POLL-1``'s exactly-once is checkable. Build nodes with
+    was (re)built, in order. :meth:`poll` fails with a POLL-1 message when a
+    connection is returned a second time. Build nodes with
     :meth:`Cluster.add_node`.
     """
 
@@ -392,6 +394,12 @@ class Node:
                 "not a sequence of connections"
             )
         new = [self._wrap(raw, inbound=True) for raw in result]
+        for conn in new:
+            if any(conn is seen for seen in self.inbound) or new.count(conn) > 1:
+                raise AssertionError(
+                    f"POLL-1: {self.name}.poll() returned the inbound connection from "
+                    f"{conn.peer_id} again; each is returned by exactly one poll()"
+                )
         self.inbound.extend(new)
         return new
 

@@ -182,7 +182,7 @@ def hostile_identities() -> st.SearchStrategy[bytes | None]:
     """
     non_utf8 = st.binary(min_size=0, max_size=30).map(lambda b: b"\xff" + b)
     no_colon = st.text(
-        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters=":\x00"),
+        alphabet=st.characters(exclude_categories=["Cs"], exclude_characters=":\x00"),
         min_size=1, max_size=40,
     ).map(lambda s: s.encode())
     bad_port = st.sampled_from(

@@ -266,7 +266,9 @@ class ZmqTransport(ControlTransport):
 
         self._identity = local_id.encode()
         self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder()
+        # Messages are maps with string keys (``Message``); anything else is
+        # rejected by the decoder itself, before the caller can see it.
+        self._decoder = msgspec.msgpack.Decoder(dict[str, Any])
         self._connections: dict[str, ZmqConnection] = {}
         self._stats: Counter[str] = Counter()
         self._closed = False
@@ -353,7 +355,8 @@ class ZmqTransport(ControlTransport):
 
         Keys: ``dropped_frames`` (not exactly identity + payload),
         ``dropped_identity`` (routing id not UTF-8 ``host:port``),
-        ``dropped_undecodable``, ``dropped_not_dict``, ``dropped_oversize``,
+        ``dropped_undecodable``, ``dropped_not_dict`` (not a map with string
+        keys), ``dropped_oversize``,
         ``accepted`` (inbound connections opened), ``delivered`` (messages).
         """
         return dict(self._stats)
@@ -390,11 +393,11 @@ class ZmqTransport(ControlTransport):
             return
         try:
             msg = self._decoder.decode(payload)
+        except msgspec.ValidationError as exc:  # well-formed, but not a str-keyed map
+            self._drop("dropped_not_dict", f"from {peer_id}: {exc}")
+            return
         except Exception as exc:  # msgspec.DecodeError, RecursionError, ...
             self._drop("dropped_undecodable", f"from {peer_id}: {exc}")
-            return
-        if not isinstance(msg, dict):
-            self._drop("dropped_not_dict", f"{type(msg).__name__} from {peer_id}")
             return
         if peer_id == self.local_id:
             self._drop("dropped_identity", "a peer claims this node's own identity")
@@ -423,6 +426,8 @@ class ZmqTransport(ControlTransport):
     def _encode(self, msg: Message) -> bytes:
         if not isinstance(msg, dict):
             raise TypeError(f"a message must be a dict, not {type(msg).__name__}")
+        if not all(isinstance(key, str) for key in msg):
+            raise TypeError("a message's keys must be strings")
         try:
             payload = self._encoder.encode(msg)
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:

@@ -34,6 +34,7 @@ from conformance.strategies import (
     encoded_size,
     first_difference,
     hostile_frames,
+    hostile_identities,
     is_plausible_peer_id,
     message_of_size,
     messages,
@@ -285,10 +286,11 @@ def test_generated_messages_round_trip_through_msgpack(msg: dict[str, Any]) -> N
     assert encoded_size(msg) < 64 * 1024
 
 
-@settings(max_examples=100, deadline=None)
-@given(hostile_frames())
-def test_hostile_frames_are_sendable(frames: list[bytes]) -> None:
+@settings(max_examples=300, deadline=None)
+@given(hostile_frames(), hostile_identities())
+def test_hostile_input_is_sendable(frames: list[bytes], identity: bytes | None) -> None:
     assert all(isinstance(f, bytes) for f in frames) and len(frames) <= 4
+    assert identity is None or (0 < len(identity) <= 255 and identity[0] != 0)
 
 
 def test_first_difference_is_strict() -> None:

@@ -109,6 +109,8 @@ def test_send_errors_are_typed(pair: tuple[ZmqTransport, ZmqTransport]) -> None:
     conn = a.connect(b.local_id)
     with pytest.raises(TypeError, match="must be a dict"):
         conn.send(["not", "a", "dict"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="keys must be strings"):
+        conn.send({1: "int key"})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="not MessagePack-encodable"):
         conn.send({"x": object()})
     conn.mark_dead()
@@ -167,11 +169,12 @@ def test_hostile_frames_are_counted_and_dropped(pair: tuple[ZmqTransport, ZmqTra
         raw(b"127.0.0.1:9").send_multipart([b"a", b"b"])  # three frames at the ROUTER
         raw(b"127.0.0.1:10").send(b"\xc1\xc1garbage")
         raw(b"127.0.0.1:11").send(msgspec.msgpack.encode([1, 2, 3]))
+        raw(b"127.0.0.1:13").send(b"\x81\x01\x02")  # {1: 2}: keys must be strings
         expected = {
             "dropped_identity": 2,
             "dropped_frames": 1,
             "dropped_undecodable": 1,
-            "dropped_not_dict": 1,
+            "dropped_not_dict": 2,
         }
 
         def all_counted() -> bool:
