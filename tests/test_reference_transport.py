@@ -73,9 +73,21 @@ def pair() -> Iterator[tuple[ZmqTransport, ZmqTransport]]:
 
 
 def _accept(b: ZmqTransport, a: ZmqTransport) -> ZmqConnection:
-    accepted: list[ZmqConnection] = []
-    _poll_until(lambda: bool(accepted.extend(b.poll()) or accepted), [a])
-    return accepted[0]
+    """Poll ``b`` (and ``a``) until ``b`` reports an inbound connection."""
+    accepted = _poll_until(lambda: bool(b.stats().get("accepted")), [a, b])
+    return next(conn for conn in accepted if conn.peer_id == a.local_id)
+
+
+def _receive(conn: ZmqConnection, nodes: Sequence[ZmqTransport]) -> list[dict[str, object]]:
+    """Poll ``nodes`` until ``conn`` has received something; return it all."""
+    got: list[dict[str, object]] = []
+
+    def arrived() -> bool:
+        got.extend(conn.recv())
+        return bool(got)
+
+    _poll_until(arrived, nodes)
+    return got
 
 
 def test_round_trip_both_ways(pair: tuple[ZmqTransport, ZmqTransport]) -> None:
@@ -86,9 +98,7 @@ def test_round_trip_both_ways(pair: tuple[ZmqTransport, ZmqTransport]) -> None:
     assert inbound.peer_id == a.local_id
     assert inbound.recv() == [{"hello": [1, 2.5, b"\x00", None, True]}]
     inbound.send({"reply": 1})
-    got: list[dict[str, object]] = []
-    _poll_until(lambda: bool(got.extend(out.recv()) or got), [a, b])
-    assert got == [{"reply": 1}]
+    assert _receive(out, [a, b]) == [{"reply": 1}]
     assert b.stats()["accepted"] == 1
 
 
@@ -260,9 +270,7 @@ def test_oversize_frame_from_a_raw_peer_is_dropped() -> None:
         assert inbound.recv() == [{"after": 1}]
         # One more honest round trip after the hostile frame had time to land.
         honest.send({"after": 2})
-        got: list[dict[str, object]] = []
-        _poll_until(lambda: bool(got.extend(inbound.recv()) or got), [a, b])
-        assert got == [{"after": 2}]
+        assert _receive(inbound, [a, b]) == [{"after": 2}]
         assert b.stats().get("accepted") == 1, "the oversize sender must not be accepted"
     finally:
         ctx.destroy(linger=0)
