@@ -29,7 +29,9 @@ fault makes uncertain:
 
 Every fault is healed at teardown (``ChaosCluster.close``) and before the
 final settle, after which one fresh connection per pair in each direction
-carries a message that must arrive.
+carries a message that must arrive. Waits (settle, detection after a
+restart) never insist on fault-touched connections; descriptor checks are
+off for an example once a destructive fault was injected.
 """
 
 from __future__ import annotations
@@ -117,6 +119,14 @@ class ChaosModel(ClusterModel):
             if msg.conn == conn.name:
                 self._may(msg, f"{conn.name} was broken by a fault")
 
+    def uncertain_conns(self) -> list[ConnModel]:
+        """Uncertain connections that must resolve (to dead) within the POLL-5 bound.
+
+        Fault-touched ones are left out: they may stay alive or dead for good,
+        so no wait (settle, detection after a restart) may insist on them.
+        """
+        return [c for c in super().uncertain_conns() if c.name not in self.touched]
+
     def _touch(self, conn: ConnModel) -> None:
         if conn.must_be_dead:
             return
@@ -176,12 +186,16 @@ class ChaosMachine(ClusterMachine):
 
     @precondition(_can_fault)
     @rule(node=ClusterMachine.nodes, average=st.integers(8, 64),
-          variation=st.integers(0, 63), delay_us=st.integers(0, 100))
+          variation=st.integers(0, 63), delay_us=st.integers(10, 100))
     def slice_link(self, node: NodeRef, average: int, variation: int, delay_us: int) -> None:
         """Cut every stream to ``node`` into small writes (HB-6: delivered intact).
 
         At worst 8 bytes per 100 us (80 KB/s): the machine's messages (a few
-        KB at most) cross in a fraction of the heartbeat timeout.
+        KB at most) cross in a fraction of the heartbeat timeout. The delay is
+        never 0: a slicer without delay may cut a hostile peer's 300 KB frame
+        into tens of thousands of writes without pausing, which stalls an
+        in-process proxy (and every heartbeat through it) for a large part of
+        the timeout.
         """
         fault = self.cluster.faults.slice(
             self.node[node.name], average_size=average,
@@ -232,23 +246,6 @@ class ChaosMachine(ClusterMachine):
                 ) from None
             raise
 
-    def settle(self) -> None:
-        """As :meth:`ClusterMachine.settle`, except that fault-touched connections
-        may stay alive or dead for good: only untouched uncertain ones must resolve."""
-        deadline = time.monotonic() + self.settle_timeout()
-        while True:
-            for name in self.node:
-                self._poll(name)
-            missing = self.model.missing()
-            uncertain = [c for c in self.model.uncertain_conns()
-                         if c.name not in self.model.touched]
-            if not missing and not uncertain:
-                break
-            if time.monotonic() >= deadline:
-                self._fail_unsettled(missing, uncertain)
-            time.sleep(0.001)
-        self.check_settled()
-
     def teardown(self) -> None:
         """Heal everything, reconnect each pair afresh (HB-5), settle, close."""
         try:
@@ -263,6 +260,12 @@ class ChaosMachine(ClusterMachine):
 
     def _register(self, fault: Fault, node: str, *, destructive: bool) -> None:
         self._fault_of[id(fault)] = (fault, destructive)
+        if destructive:
+            # Broken connections reconnect in the background (libzmq keeps trying
+            # through a disabled or resetting proxy), so descriptor counts stop
+            # meaning anything for this example: RES-2 and CONN-5's descriptor
+            # checks stay with the cluster machine.
+            self._baseline = None
         self.model.fault_on(node, destructive=destructive, what=fault.describe())
 
     def _heal(self, fault: Fault) -> None:
