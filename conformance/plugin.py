@@ -290,6 +290,7 @@ def pytest_collection_modifyitems(
         chaos = item.get_closest_marker("chaos") is not None or all(
             CLAUSES[c].chaos for c in ids
         )
+        item.extra_keyword_matches.update(ids)  # so that -k HB-1 or -k CONN selects
         item.user_properties.append(("zmq_clauses", " ".join(ids)))
         item.user_properties.append(("zmq_k", _k_expr(item)))
         if chaos:
@@ -388,7 +389,7 @@ def pytest_runtest_makereport(
         if blocked is not None:
             report.user_properties.append(("zmq_blocked", str(blocked)))
         report.user_properties.append(("zmq_counterexample", counterexample(exc)))
-        blamed = blamed_clauses(exc, item.stash[_CLAUSES])
+        blamed = blamed_clauses(exc)
         if blamed:
             report.user_properties.append(("zmq_blamed", " ".join(blamed)))
     elif report.failed and call.when == "call" and item.stash.get(_XFAIL, None) is not None:

@@ -98,14 +98,15 @@ def _clip(text: str) -> str:
 _CLAUSE_ID = re.compile(r"\b(?:CONN|POLL|MSG|HB|RES|SEC)-\d+\b")
 
 
-def blamed_clauses(exc: BaseException, clauses: Sequence[str]) -> tuple[str, ...]:
-    """The clauses of ``clauses`` that the failure's own message names.
+def blamed_clauses(exc: BaseException, known: Iterable[str] = CLAUSES) -> tuple[str, ...]:
+    """The clauses (among ``known``) that the failure's own message names.
 
     A test that checks many clauses (a stateful machine) says which one broke,
-    e.g. ``AssertionError("MSG-2: message #3 duplicated")``. Only IDs at the
-    start of the message count, so a message quoting a requirement does not
-    spread the blame. Empty when the message names none: then the failure
-    counts against every clause of the test.
+    e.g. ``AssertionError("MSG-2: message #3 duplicated")``; the named clause
+    fails even when the test is not marked with it (a chaos machine can find
+    a CONN-3 bug). Only IDs at the start of the message count, so a message
+    quoting a requirement does not spread the blame. Empty when the message
+    names none: then the failure counts against every clause of the test.
     """
     message = str(_first_leaf(exc)).lstrip()
     named: list[str] = []
@@ -116,7 +117,8 @@ def blamed_clauses(exc: BaseException, clauses: Sequence[str]) -> tuple[str, ...
         rest = message[match.end():].lstrip(" ,;/")
         if not _CLAUSE_ID.match(rest):
             break
-    return tuple(c for c in dict.fromkeys(named) if c in clauses)
+    valid = set(known)
+    return tuple(c for c in dict.fromkeys(named) if c in valid)
 
 
 def counterexample(exc: BaseException) -> str:
@@ -305,7 +307,7 @@ def aggregate(
     """
     by_clause: dict[str, list[TestResult]] = {cid: [] for cid in clauses}
     for result in results:
-        for cid in result.clauses:
+        for cid in dict.fromkeys((*result.clauses, *result.blamed)):
             if cid in by_clause:
                 by_clause[cid].append(_as_seen_by(result, cid))
     verdicts: dict[str, ClauseVerdict] = {}
