@@ -442,6 +442,9 @@ class _Recorder:
         )
         if "zmq_blamed" in props:
             result.blamed = tuple(props["zmq_blamed"].split())
+        result.measurements.update(
+            (key, value) for key, value in props.items() if not key.startswith("zmq_")
+        )
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

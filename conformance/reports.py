@@ -133,7 +133,23 @@ def render_markdown(report: RunReport) -> str:
             if verdict.replay_pytest:
                 lines.append(verdict.replay_pytest)
             lines += ["```"]
+    lines += _measurements(report)
     return "\n".join(lines) + "\n"
+
+
+def _measurements(report: RunReport) -> list[str]:
+    """What the tests measured (heartbeat detection times and the like), by clause."""
+    rows = [
+        f"| {verdict.clause.id} | `{test.nodeid.rsplit('::', 1)[-1]}` | "
+        + _cell(", ".join(f"{k}={v}" for k, v in test.measurements.items()))
+        + " |"
+        for verdict in report.ordered()
+        for test in verdict.tests
+        if test.measurements
+    ]
+    if not rows:
+        return []
+    return ["", "## Measurements", "", "| Clause | Test | Measured |", "|---|---|---|", *rows]
 
 
 def write_reports(

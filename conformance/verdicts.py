@@ -162,6 +162,8 @@ class TestResult:
     #: When a failure names some of the test's clauses, only those fail; for
     #: the others the test is inconclusive (see :func:`blamed_clauses`).
     blamed: tuple[str, ...] = ()
+    #: What the test measured (``record_property``), e.g. heartbeat detection times.
+    measurements: dict[str, str] = field(default_factory=dict)
     _ran: bool = field(default=False, init=False, repr=False)
 
     def add_phase(
@@ -214,6 +216,7 @@ class ClauseVerdict:
                     "duration_s": round(t.duration_s, 4),
                     "reason": t.reason,
                     "counterexample": t.counterexample,
+                    "measurements": dict(t.measurements),
                 }
                 for t in self.tests
             ],
@@ -329,6 +332,7 @@ def _as_seen_by(result: TestResult, clause_id: str) -> TestResult:
         reason=f"inconclusive: the test failed on {', '.join(result.blamed)} first",
         k_expr=result.k_expr,
         chaos=result.chaos,
+        measurements=result.measurements,
     )
     return inconclusive
 

@@ -189,6 +189,15 @@ def test_markdown_lists_failures_first_with_counterexample_and_replay() -> None:
     assert "**FAIL**" in text
 
 
+def test_measurements_reach_json_and_markdown() -> None:
+    timed = _result("passed", "HB-1", k="test_hb1")
+    timed.measurements["detection_ms"] = "587"
+    report = RunReport("pkg.mod:T", "ci", 7, aggregate([timed], context=CTX, chaos_enabled=True))
+    data = json.loads(render_json(report))
+    assert data["clauses"]["HB-1"]["tests"][0]["measurements"] == {"detection_ms": "587"}
+    assert "| HB-1 | `test_hb1` | detection_ms=587 |" in render_markdown(report)
+
+
 def test_json_has_the_documented_shape() -> None:
     data = json.loads(render_json(_report()))
     assert (data["transport"], data["profile"], data["seed"]) == ("pkg.mod:T", "ci", 7)

@@ -191,7 +191,6 @@ class ClusterModel:
                 conn.stale = conn.retired = True
         node.registry.clear()
         node.generation += 1
-        node.hostile_inputs = 0
         for msg in self.unreceived():
             if msg.receiver == name:
                 self._may(msg, f"{name} restarted before it arrived")

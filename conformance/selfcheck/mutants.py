@@ -311,7 +311,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("handshake_ivl_default", "HandshakeIvlDefault",
        "ZMQ_HANDSHAKE_IVL is left at libzmq's 30 s, so a reconnect swallowed by a fault "
        "stalls recovery for 30 s",
-       "long-handshake-interval", "HB-5", chaos=True),
+       "long-handshake-interval", "HB-5", "HB-7", chaos=True),
     _m("no_router_handover", "NoRouterHandover",
        "the ROUTER runs without ZMQ_ROUTER_HANDOVER: a peer's new connection is ignored "
        "while its old one (half-open after a restart) lingers",

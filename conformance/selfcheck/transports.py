@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -532,47 +533,16 @@ class UndecodablePayloadRaises(ZmqTransport):
 
 
 class NonDictPayloadDelivered(ZmqTransport):
-    """A payload that decodes to a non-dict is handed to the caller.
+    """A payload that decodes to a non-dict (list, str, int, ...) is handed to the caller.
 
-    ``_route`` is the reference's, line for line, minus the ``isinstance``
-    check (the oversize check is kept; libzmq's MAXMSGSIZE enforces it anyway).
+    The reference decodes with ``Decoder(dict[str, Any])``, which rejects
+    anything but a string-keyed map; this mutant decodes untyped, the common
+    ``msgpack.unpackb(payload)`` pattern, and checks nothing afterwards.
     """
 
-    def _route(self, frames: list[bytes], new: list[ZmqConnection]) -> None:
-        if len(frames) != 2:
-            self._drop("dropped_frames", f"{len(frames)} frames instead of 2")
-            return
-        identity, payload = frames
-        try:
-            peer_id = identity.decode("utf-8")
-            parse_peer_id(peer_id)
-        except ValueError:
-            self._drop("dropped_identity", f"routing id {identity[:64]!r} is not host:port")
-            return
-        if len(payload) > self.max_message_bytes:
-            self._drop("dropped_oversize", f"{len(payload)} bytes from {peer_id}")
-            return
-        try:
-            msg = self._decoder.decode(payload)
-        except Exception as exc:
-            self._drop("dropped_undecodable", f"from {peer_id}: {exc}")
-            return
-        # MUTATION: no "if not isinstance(msg, dict): drop"
-        if peer_id == self.local_id:
-            self._drop("dropped_identity", "a peer claims this node's own identity")
-            return
-        conn = self._connections.get(peer_id)
-        if conn is None:
-            try:
-                conn = ZmqConnection(self, peer_id, inbound=True)
-            except zmq.ZMQError as exc:
-                self._drop("dropped_identity", f"cannot connect back to {peer_id}: {exc}")
-                return
-            self._connections[peer_id] = conn
-            self._stats["accepted"] += 1
-            new.append(conn)
-        conn._deliver(msg)
-        self._stats["delivered"] += 1
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._decoder = msgspec.msgpack.Decoder()  # MUTATION: untyped decoding
 
 
 class OversizeCrashesPoll(ZmqTransport):
@@ -759,6 +729,8 @@ class SendUncheckedSize(ZmqTransport):
     def _encode(self, msg: Message) -> bytes:
         if not isinstance(msg, dict):
             raise TypeError(f"a message must be a dict, not {type(msg).__name__}")
+        if not all(isinstance(key, str) for key in msg):
+            raise TypeError("a message's keys must be strings")
         return self._encoder.encode(msg)  # MUTATION: no max_message_bytes check
 
 

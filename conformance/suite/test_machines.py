@@ -39,4 +39,4 @@ def test_cluster_machine(zmq_transport_spec: TransportSpec) -> None:
     flap and hostile frames, checked step by step against the model."""
     profile = profiles.active()
     settings = profiles.suite_settings(max_examples=EXAMPLES_SCALE * profile.max_examples)
-    run_machine(ClusterMachine, zmq_transport_spec, settings)
+    run_machine(lambda: ClusterMachine(zmq_transport_spec), settings)
