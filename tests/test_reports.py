@@ -206,7 +206,7 @@ def test_json_has_the_documented_shape() -> None:
             "duration_s"} <= set(entry)
     assert entry["tests"][0] == {
         "nodeid": "test_x.py::t", "outcome": "failed", "duration_s": 0.5, "reason": None,
-        "counterexample": entry["counterexample"],
+        "counterexample": entry["counterexample"], "measurements": {},
     }
 
 
