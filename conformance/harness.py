@@ -81,6 +81,8 @@ _REBIND_WINDOW_S = 3.0
 _POLL_PAUSE_S = 0.001
 
 _names = itertools.count()
+#: Transports whose close() failed; see :meth:`Node.close`.
+_ABANDONED: list[Any] = []
 
 
 def free_port(host: str = HOST) -> int:
@@ -404,10 +406,20 @@ class Node:
         return new
 
     def close(self) -> None:
-        """``transport.close()`` (guarded). Marks the node closed even if it raises."""
+        """``transport.close()`` (guarded). Marks the node closed even if it raises.
+
+        A transport whose ``close()`` blocks or raises is kept referenced for
+        the rest of the process: garbage-collecting a ZeroMQ context that still
+        has open sockets blocks the collector forever, which would turn one
+        blocked verdict into a hung run.
+        """
         self.closed = True
-        with watchdog.guard(f"{self.name}.close()"):
-            self.transport.close()
+        try:
+            with watchdog.guard(f"{self.name}.close()"):
+                self.transport.close()
+        except BaseException:
+            _ABANDONED.append(self.transport)
+            raise
 
     def wrap(self, raw: Any) -> Connection:
         """The proxy for a raw connection object of this node."""
