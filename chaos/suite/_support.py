@@ -18,6 +18,11 @@ allow fails with the measured time in the message.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import selectors
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +40,7 @@ __all__ = [
     "Deaths",
     "Heartbeat",
     "Mailbox",
+    "Tarpit",
     "heartbeat_for",
     "watch_deaths",
 ]
@@ -190,3 +196,192 @@ class Mailbox:
     def values(self, key: str) -> list[Any]:
         """``msg[key]`` of every collected message that has ``key``, in order."""
         return [m[key] for m in self.messages if key in m]
+
+
+@dataclass
+class _Held:
+    """One connection a :class:`Tarpit` accepted."""
+
+    accepted_at: float
+    #: When the peer closed it (``None`` while it is held open).
+    closed_at: float | None = None
+    received: int = 0
+
+
+class Tarpit:
+    """A hung node on a port: a plain TCP listener that accepts and never writes.
+
+    A ZeroMQ peer connecting to it completes the TCP handshake, sends the
+    start of its ZMTP greeting and then waits for a greeting that never
+    comes, until its handshake timeout (``ZMQ_HANDSHAKE_IVL``) gives up.
+    The tarpit reads and discards what it is sent and notes when a peer
+    closes; it never closes an accepted connection itself before
+    :meth:`close`, so a swallowed handshake outlives :meth:`close_listener`
+    (unlike a toxiproxy ``timeout`` toxic, whose removal closes what it held).
+
+    The listener binds with ``SO_REUSEADDR`` (inherited by accepted sockets),
+    so a new node can bind the same port while the accepted connections are
+    held. Binding retries for ``bind_window_s`` while the port's previous
+    owner releases it. One thread does all socket work (never a socket
+    closed from another thread); use it as a context manager so it is
+    always stopped.
+    """
+
+    def __init__(self, host: str, port: int, *, bind_window_s: float = 3.0) -> None:
+        self.host = host
+        self.port = port
+        self._lock = threading.Lock()
+        self._held: list[_Held] = []
+        self._listener_closed = threading.Event()
+        self._stopping = False
+        self._closing_listener = False
+        self._error: BaseException | None = None
+        self._listener = self._bind(bind_window_s)
+        try:
+            self._wake_r, self._wake_w = socket.socketpair()
+        except BaseException:
+            self._listener.close()
+            raise
+        self._thread = threading.Thread(target=self._run, name=f"tarpit-{port}", daemon=True)
+        self._thread.start()
+
+    def _bind(self, window_s: float) -> socket.socket:
+        deadline = time.monotonic() + window_s
+        while True:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((self.host, self.port))
+                sock.listen(64)
+                sock.setblocking(False)
+                return sock
+            except OSError as exc:
+                sock.close()
+                if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                    raise OSError(
+                        exc.errno, f"tarpit: cannot listen on {self.host}:{self.port}: {exc}"
+                    ) from exc
+            time.sleep(0.005)
+
+    # -- observation ----------------------------------------------------------
+
+    @property
+    def accepted(self) -> int:
+        """How many connections were accepted so far."""
+        with self._lock:
+            return len(self._held)
+
+    def held_since(self, index: int) -> list[float]:
+        """Accept times of connections number ``index`` on that are still held open."""
+        with self._lock:
+            return [h.accepted_at for h in self._held[index:] if h.closed_at is None]
+
+    def closed_since(self, index: int) -> list[float]:
+        """When the peers of connections number ``index`` on closed them (if they did)."""
+        with self._lock:
+            return [h.closed_at for h in self._held[index:] if h.closed_at is not None]
+
+    # -- control --------------------------------------------------------------
+
+    def close_listener(self, timeout: float = 2.0) -> None:
+        """Stop accepting (new connections are refused); held connections stay open."""
+        self._closing_listener = True
+        self._wake()
+        if not self._listener_closed.wait(timeout):
+            raise AssertionError(f"tarpit on port {self.port}: listener not closed in {timeout} s")
+        self._raise_error()
+
+    def close(self) -> None:
+        """Close the listener and every held connection, stop the thread (idempotent)."""
+        if not self._stopping:
+            self._stopping = True
+            self._wake()
+            self._thread.join(5.0)
+            self._wake_w.close()
+            if self._thread.is_alive():
+                raise AssertionError(f"tarpit on port {self.port}: thread did not stop")
+            self._wake_r.close()
+        self._raise_error()
+
+    def __enter__(self) -> Tarpit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the thread -------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # the thread is gone; close() reports why
+            self._wake_w.send(b"x")
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise AssertionError(f"tarpit on port {self.port} failed: {self._error!r}")
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        conns: dict[socket.socket, _Held] = {}
+        listener: socket.socket | None = self._listener
+        try:
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            sel.register(self._listener, selectors.EVENT_READ)
+            while not self._stopping:
+                if self._closing_listener and listener is not None:
+                    sel.unregister(listener)
+                    listener.close()
+                    listener = None
+                    self._listener_closed.set()
+                for key, _ in sel.select(timeout=0.5):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if sock is self._wake_r:
+                        sock.recv(64)
+                    elif sock is listener:
+                        self._accept(listener, sel, conns)
+                    else:
+                        self._read(sock, sel, conns)
+        except BaseException as exc:  # reported by close()/close_listener()
+            self._error = exc
+        finally:
+            self._listener_closed.set()
+            if listener is not None:
+                listener.close()
+            for sock in conns:
+                sock.close()
+            sel.close()
+
+    def _accept(
+        self, listener: socket.socket, sel: selectors.BaseSelector,
+        conns: dict[socket.socket, _Held],
+    ) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(False)
+        held = _Held(accepted_at=time.monotonic())
+        conns[sock] = held
+        sel.register(sock, selectors.EVENT_READ)
+        with self._lock:
+            self._held.append(held)
+
+    def _read(
+        self, sock: socket.socket, sel: selectors.BaseSelector, conns: dict[socket.socket, _Held]
+    ) -> None:
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""  # reset by the peer: closed as well
+        held = conns[sock]
+        if data:
+            held.received += len(data)
+            return
+        # The peer closed (gave up the handshake): nothing left to hold.
+        sel.unregister(sock)
+        sock.close()
+        del conns[sock]
+        with self._lock:
+            held.closed_at = time.monotonic()

@@ -29,7 +29,16 @@ from typing import Any
 import pytest
 
 from chaos.faults import Fault
-from chaos.suite._support import Deaths, Heartbeat, Mailbox, heartbeat_for, watch_deaths
+from chaos.suite._support import (
+    RECONNECT_IVL_MAX_MS,
+    SLACK_MS,
+    Deaths,
+    Heartbeat,
+    Mailbox,
+    Tarpit,
+    heartbeat_for,
+    watch_deaths,
+)
 from chaos.topology import ChaosCluster
 from conformance.harness import Connection, Node, handshake, receive, wait_inbound, wait_until
 from conformance.spec import TransportSpec
@@ -529,3 +538,132 @@ def test_hb7_node_restarted_behind_partition_reachable_after_heal(
             b_reaches_a_ms=round((b_reached - healed_at) * 1000),
             a_reaches_b_ms=round((a_reached - healed_at) * 1000),
             bound_ms=hb.recovery_bound_ms)
+
+
+#: libzmq's default ZMQ_HANDSHAKE_IVL: how long a failing tarpit test keeps
+#: observing past the bound, to report the recovery time it actually took.
+_LIBZMQ_HANDSHAKE_IVL_MS = 30_000
+
+
+@pytest.mark.clause("HB-7")
+def test_hb7_replaced_node_reachable_after_tarpit_swallowed_handshake(
+    chaos_cluster: ChaosCluster, zmq_transport_spec: TransportSpec, record_property: Recorder,
+) -> None:
+    """A node that hung is replaced on its port; a's pending handshake must not stall it.
+
+    ``b`` closes and a :class:`Tarpit` (accepts, never writes: a hung node)
+    takes its port. Once ``a`` has noticed the loss, it connects to ``b``
+    again and sends; the new connection's handshake is swallowed by the
+    tarpit. Then the tarpit stops listening but keeps that connection open,
+    and ``b`` is rebuilt on the same port with the same identity. Messages
+    ``a`` sends on its own connections (the re-connected one, or a newer one
+    once the transport declares it dead) must reach ``b`` within reconnect
+    interval + handshake timeout + slack of the replacement: a transport
+    whose handshake timeout is libzmq's default 30 s waits that long.
+
+    ``b`` never connects to ``a``, so the only path measured is ``a -> b``
+    through connections ``a`` opened. Unlike a healed toxiproxy ``timeout``
+    toxic, the tarpit does not close what it held, so the swallowed
+    handshake outlives the replacement.
+    """
+    hb = heartbeat_for(zmq_transport_spec, "HB-7")
+    a, b, a_out, _ = _pair(chaos_cluster)
+    old_local_id = b.local_id
+    b.close()
+    with Tarpit(b.host, b.port) as tarpit:
+        # POLL-5's bound: the declared close detection plus 0.5 s of slack.
+        loss_bound_s = zmq_transport_spec.capabilities.detects_peer_close_ms / 1000 + 0.5
+        wait_until(lambda: not a_out.alive, nodes=[a], timeout=loss_bound_s,
+                   what=f"HB-7 setup: a to mark its connection to the closed b dead within "
+                        f"{loss_bound_s * 1000:.0f} ms (POLL-5)")
+        first = tarpit.accepted
+        conn = a.connect(b)
+        conn.send({"tag": "swallowed", "seq": 0})
+        wait_until(lambda: tarpit.held_since(first), nodes=[a],
+                   timeout=hb.recovery_bound_ms / 1000,
+                   what="HB-7 setup: a's re-connected connection to reach the tarpit on b's "
+                        "port (its handshake to be swallowed)")
+        tarpit.close_listener()
+        replaced_at = time.monotonic()
+        held = tarpit.held_since(first)
+        assert held, (
+            "HB-7 setup: a's re-connected connection left the tarpit before b was rebuilt "
+            "(a gave up a pending handshake within milliseconds?); cannot test the recovery"
+        )
+        swallowed_ms = round((replaced_at - held[0]) * 1000)
+        chaos_cluster.restart(b)
+        assert b.local_id == old_local_id
+        rebuilt_ms = round((time.monotonic() - replaced_at) * 1000)
+        deadline = replaced_at + hb.recovery_bound_ms / 1000
+        overtime = replaced_at + (_LIBZMQ_HANDSHAKE_IVL_MS + RECONNECT_IVL_MAX_MS
+                                  + SLACK_MS) / 1000
+        at_b = Mailbox(b, a.local_id)
+        conn, reached, reconnects = _reach_own(a, b, conn, at_b, slow_after=deadline,
+                                               until=overtime)
+        values: dict[str, object] = {
+            "bound_ms": hb.recovery_bound_ms,
+            "swallowed_before_ms": swallowed_ms,
+            "rebuild_ms": rebuilt_ms,
+            "reconnects": reconnects,
+        }
+        abandoned = tarpit.closed_since(first)
+        if abandoned:
+            values["handshake_abandoned_ms"] = round((min(abandoned) - replaced_at) * 1000)
+        if reached is None or reached > deadline:
+            took = (f"only after {(reached - replaced_at) * 1000:.0f} ms" if reached is not None
+                    else f"not within {(overtime - replaced_at) * 1000:.0f} ms")
+            line = _report(record_property, "HB-7", "replaced node after a tarpit:",
+                           recovery_ms=(round((reached - replaced_at) * 1000)
+                                        if reached is not None else None), **values)
+            pytest.fail(
+                f"HB-7: a's messages reached the replaced b {took}; allowed: reconnect "
+                f"interval + handshake timeout + slack = {hb.recovery_bound_ms} ms. a's "
+                f"re-connected connection was stuck in a handshake the hung node never "
+                f"answered: a handshake timeout (ZMQ_HANDSHAKE_IVL) longer than "
+                f"{hb.recovery_bound_ms - RECONNECT_IVL_MAX_MS - SLACK_MS} ms (libzmq's default "
+                f"is {_LIBZMQ_HANDSHAKE_IVL_MS} ms) keeps a replaced node unreachable. {line}",
+                pytrace=False,
+            )
+    # From now on nothing a sends may be lost.
+    ab = _numbered("ab", _BATCH)
+    for msg in ab:
+        conn.send(msg)
+    _await_batch(at_b, ab, nodes=[a, b], deadline=time.monotonic() + 2.0, clause="HB-7",
+                 what="a -> replaced b after the tarpit")
+    _report(record_property, "HB-7", "replaced node after a tarpit:",
+            recovery_ms=round((reached - replaced_at) * 1000), **values)
+
+
+def _reach_own(
+    sender: Node, peer: Node, conn: Connection, box: Mailbox, *, slow_after: float,
+    until: float,
+) -> tuple[Connection, float | None, int]:
+    """Probe ``peer`` on ``sender``'s own connections until a probe is in ``box``.
+
+    Sends a probe on ``conn`` every 20 ms, every 250 ms after ``slow_after``
+    (a stuck connection queues them all: this keeps a long observation far
+    below libzmq's 1000-message high-water mark); when the transport declares
+    the connection dead, connects anew (never uses a connection the peer
+    opened). Returns the connection that got through, when (``None`` if
+    nothing arrived by ``until``) and how many reconnects it took.
+    """
+    probes = reconnects = 0
+    next_probe = 0.0
+    while True:
+        for node in (sender, peer):
+            node.poll()
+        box.collect()
+        now = time.monotonic()
+        if any(m.get("tag") == "probe" for m in box.messages):
+            return conn, now, reconnects
+        if now >= until:
+            return conn, None, reconnects
+        if not conn.alive:
+            conn = sender.connect(peer)
+            reconnects += 1
+            next_probe = 0.0
+        if now >= next_probe:
+            conn.send({"tag": "probe", "seq": probes})
+            probes += 1
+            next_probe = now + (0.02 if now < slow_after else 0.25)
+        time.sleep(0.001)
