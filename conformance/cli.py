@@ -91,7 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # The reader went away (``zmq-conformance list | head``): not an error
+        # worth a traceback. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == [_SELF_CHECK]:
         from conformance.selfcheck.runner import main as self_check
 
