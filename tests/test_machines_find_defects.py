@@ -92,7 +92,7 @@ def hunt(spec: TransportSpec, *, seed_value: int, shrink: bool,
                                        database=None, phases=phases, print_blob=False)
     started = time.monotonic()
     try:
-        run_machine(Counting, spec, settings, seed=seed_value)
+        run_machine(lambda: Counting(spec), settings, seed=seed_value)
     except AssertionError as exc:
         notes = [*getattr(exc, "__notes__", [])]
         cause = exc.__cause__
