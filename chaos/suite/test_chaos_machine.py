@@ -7,6 +7,8 @@ every fault is healed at teardown.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from chaos.machine import ChaosMachine
@@ -19,10 +21,22 @@ pytestmark = pytest.mark.chaos
 
 
 @pytest.mark.clause("HB-2", "HB-5", "HB-6")
-def test_chaos_machine(zmq_transport_spec: TransportSpec, toxiproxy: Toxiproxy) -> None:
+def test_chaos_machine(
+    zmq_transport_spec: TransportSpec,
+    toxiproxy: Toxiproxy,
+    record_property: Callable[[str, object], None],
+) -> None:
     """2-4 nodes behind proxies: the cluster machine's rules plus partition, reset,
     disable, latency, slicing and heals, checked step by step against the model."""
+    built: list[ChaosMachine] = []
+
+    def build() -> ChaosMachine:
+        built.append(ChaosMachine(zmq_transport_spec, toxiproxy))
+        return built[-1]
+
     # run_machine reports a timing-dependent failure that Hypothesis cannot
     # replay under the clause it broke, instead of as a bare Flaky error.
-    run_machine(lambda: ChaosMachine(zmq_transport_spec, toxiproxy),
-                settings=profiles.suite_settings())
+    try:
+        run_machine(build, settings=profiles.suite_settings())
+    finally:
+        record_property("examples", len(built))

@@ -15,6 +15,8 @@ step on loopback. The machines run ``EXAMPLES_SCALE`` times the profile's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from conformance import profiles
@@ -34,9 +36,20 @@ CLUSTER_CLAUSES = (
 
 
 @pytest.mark.clause(*CLUSTER_CLAUSES)
-def test_cluster_machine(zmq_transport_spec: TransportSpec) -> None:
+def test_cluster_machine(
+    zmq_transport_spec: TransportSpec, record_property: Callable[[str, object], None]
+) -> None:
     """2-4 nodes: connect, send, poll, settle, mark dead, close, reconnect, restart,
     flap and hostile frames, checked step by step against the model."""
     profile = profiles.active()
     settings = profiles.suite_settings(max_examples=EXAMPLES_SCALE * profile.max_examples)
-    run_machine(lambda: ClusterMachine(zmq_transport_spec), settings)
+    built: list[ClusterMachine] = []
+
+    def build() -> ClusterMachine:
+        built.append(ClusterMachine(zmq_transport_spec))
+        return built[-1]
+
+    try:
+        run_machine(build, settings)
+    finally:
+        record_property("examples", len(built))
