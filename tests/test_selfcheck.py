@@ -257,3 +257,11 @@ def test_runner_module_runs_as_a_script() -> None:
                           capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert CATALOG[0].name in proc.stdout
+
+
+def test_reports_go_into_directories_that_do_not_exist_yet(tmp_path: Path) -> None:
+    from conformance.selfcheck.runner import _write
+
+    target = tmp_path / "reports" / "nested" / "selfcheck.md"
+    _write(str(target), "# matrix\n")
+    assert target.read_text(encoding="utf-8") == "# matrix\n"

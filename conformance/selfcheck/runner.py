@@ -463,14 +463,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall = time.monotonic() - started
     sys.stdout.write(render_text(results, controls, wall))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(to_json(results, controls, wall, config), indent=2) + "\n",
-            encoding="utf-8")
+        _write(args.json, json.dumps(to_json(results, controls, wall, config), indent=2) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(render_markdown(results, controls, wall),
-                                       encoding="utf-8")
+        _write(args.markdown, render_markdown(results, controls, wall))
     ok = all(r.killed for r in results) and all(c.passed for c in controls)
     return 0 if ok else 1
+
+
+def _write(path: str, text: str) -> None:
+    """Write a report, creating its directory (as ``zmq-conformance run`` does)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
