@@ -43,6 +43,7 @@ from conformance.reports import write_reports
 from conformance.verdicts import (
     CHAOS_REASON,
     FAILING,
+    NO_TEST_REASON,
     ReplayContext,
     RunReport,
     TestResult,
@@ -495,7 +496,16 @@ def build_report(config: pytest.Config, state: _State) -> RunReport:
     if isinstance(seed, str) and seed.isdigit():
         seed = int(seed)
     context = ReplayContext(None if state.fixture_transport else transport, state.profile, seed)
-    verdicts = aggregate(state.results.values(), context=context, chaos_enabled=state.chaos)
+    narrowed = [
+        f"{flag} {expr!r}"
+        for flag, expr in (("-k", config.option.keyword), ("-m", config.option.markexpr))
+        if expr
+    ]
+    no_test = f"no test selected ({', '.join(narrowed)})" if narrowed else NO_TEST_REASON
+    verdicts = aggregate(
+        state.results.values(), context=context, chaos_enabled=state.chaos,
+        no_test_reason=no_test,
+    )
     return RunReport(
         transport=transport, profile=state.profile, seed=seed, clauses=verdicts,
         warnings=_xfail_warnings(config, state),
@@ -511,13 +521,13 @@ def _summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
     seed = "random" if report.seed is None else report.seed
     tr.section(f"zmq-conformance: {report.transport} (profile {report.profile}, seed {seed})")
     chaos_skipped = 0
-    untested: list[str] = []
+    untested: dict[str, list[str]] = {}  # reason -> clause IDs
     for verdict in report.ordered():
         if verdict.verdict == "skipped" and not verdict.tests:
             if verdict.reason == CHAOS_REASON:
                 chaos_skipped += 1
             else:
-                untested.append(verdict.clause.id)
+                untested.setdefault(verdict.reason or NO_TEST_REASON, []).append(verdict.clause.id)
             continue
         tests = len(verdict.tests)
         note = f"  [{verdict.reason}]" if verdict.reason and verdict.verdict != "passed" else ""
@@ -528,8 +538,8 @@ def _summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
             red=verdict.verdict in FAILING, green=verdict.verdict == "passed",
             yellow=verdict.verdict in ("skipped", "xfailed"),
         )
-    if untested:
-        tr.write_line(f"SKIPPED  no test collected: {', '.join(untested)}", yellow=True)
+    for reason, ids in untested.items():
+        tr.write_line(f"SKIPPED  {reason}: {', '.join(ids)}", yellow=True)
     counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
     extra = f" ({chaos_skipped} chaos clauses not run: use --zmq-chaos)" if chaos_skipped else ""
     tr.write_line(f"clauses: {counts}{extra}", bold=True)

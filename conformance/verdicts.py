@@ -302,11 +302,14 @@ def aggregate(
     context: ReplayContext,
     chaos_enabled: bool = False,
     clauses: Mapping[str, Clause] = CLAUSES,
+    no_test_reason: str = NO_TEST_REASON,
 ) -> dict[str, ClauseVerdict]:
     """One verdict per registry clause from the tests' outcomes.
 
     Clause IDs in ``results`` that the registry lacks are ignored here (the
-    plugin rejects them at collection).
+    plugin rejects them at collection). ``no_test_reason`` is the skip reason
+    of a clause no test checked (the plugin names the ``-k``/``-m``
+    selection when there was one).
     """
     by_clause: dict[str, list[TestResult]] = {cid: [] for cid in clauses}
     for result in results:
@@ -316,7 +319,10 @@ def aggregate(
     verdicts: dict[str, ClauseVerdict] = {}
     for cid, clause in clauses.items():
         tests = by_clause[cid]
-        verdicts[cid] = _verdict(clause, tests, context=context, chaos_enabled=chaos_enabled)
+        verdicts[cid] = _verdict(
+            clause, tests, context=context, chaos_enabled=chaos_enabled,
+            no_test_reason=no_test_reason,
+        )
     return verdicts
 
 
@@ -338,10 +344,15 @@ def _as_seen_by(result: TestResult, clause_id: str) -> TestResult:
 
 
 def _verdict(
-    clause: Clause, tests: Sequence[TestResult], *, context: ReplayContext, chaos_enabled: bool
+    clause: Clause,
+    tests: Sequence[TestResult],
+    *,
+    context: ReplayContext,
+    chaos_enabled: bool,
+    no_test_reason: str,
 ) -> ClauseVerdict:
     if not tests:
-        reason = CHAOS_REASON if clause.chaos and not chaos_enabled else NO_TEST_REASON
+        reason = CHAOS_REASON if clause.chaos and not chaos_enabled else no_test_reason
         return ClauseVerdict(clause, "skipped", reason=reason)
     verdict = strongest(t.outcome for t in tests)
     result = ClauseVerdict(

@@ -61,6 +61,8 @@ def test_clauses_without_tests_are_skipped_never_passed() -> None:
     assert verdicts["CONN-2"].reason == NO_TEST_REASON
     assert verdicts["HB-1"].reason == CHAOS_REASON
     assert aggregate([], context=CTX, chaos_enabled=True)["HB-1"].reason == NO_TEST_REASON
+    narrowed = aggregate([], context=CTX, no_test_reason="no test selected (-k 'HB')")
+    assert narrowed["CONN-2"].reason == "no test selected (-k 'HB')"
 
 
 def test_shortest_counterexample_and_its_replay_win() -> None:
