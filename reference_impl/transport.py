@@ -27,7 +27,7 @@ import contextlib
 import itertools
 import logging
 from collections import Counter, deque
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import msgspec
 import zmq
@@ -214,6 +214,10 @@ class ZmqTransport(ControlTransport):
             half-built transport is released first.
     """
 
+    #: The class of every connection this transport creates, outbound and
+    #: inbound. A subclass may substitute its own (the self-check mutants do).
+    connection_class: ClassVar[type[ZmqConnection]] = ZmqConnection
+
     #: What this transport declares to the conformance suite.
     zmq_conformance_capabilities: Final = {
         "max_message_bytes": DEFAULT_MAX_MESSAGE_BYTES,
@@ -310,7 +314,7 @@ class ZmqTransport(ControlTransport):
                 )
             # Dead but not yet swept: retire it now (CONN-3).
             self._retire(existing)
-        conn = ZmqConnection(self, peer_id, inbound=False)
+        conn = self.connection_class(self, peer_id, inbound=False)
         self._connections[peer_id] = conn
         return conn
 
@@ -405,7 +409,7 @@ class ZmqTransport(ControlTransport):
         conn = self._connections.get(peer_id)
         if conn is None:
             try:
-                conn = ZmqConnection(self, peer_id, inbound=True)
+                conn = self.connection_class(self, peer_id, inbound=True)
             except zmq.ZMQError as exc:
                 self._drop("dropped_identity", f"cannot connect back to {peer_id}: {exc}")
                 return
@@ -454,11 +458,7 @@ class ZmqTransport(ControlTransport):
             dealer.setsockopt(zmq.SNDHWM, self.send_hwm)
             dealer.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
             dealer.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
-            endpoint = f"inproc://reference-impl-monitor-{next(_monitor_serial)}"
-            dealer.monitor(endpoint, _MONITOR_EVENTS)
-            monitor = self._ctx.socket(zmq.PAIR)
-            monitor.setsockopt(zmq.LINGER, 0)
-            monitor.connect(endpoint)
+            monitor = self._attach_monitor(dealer, peer_id)
             dealer.connect(f"tcp://{_bracket(host)}:{port}")
         except BaseException:
             if monitor is not None:
@@ -466,6 +466,24 @@ class ZmqTransport(ControlTransport):
             dealer.close(linger=0)
             raise
         return dealer, monitor
+
+    def _attach_monitor(self, dealer: zmq.Socket[bytes], peer_id: str) -> zmq.Socket[bytes]:
+        """Start ``dealer``'s monitor and return the connected PAIR that reads it.
+
+        The endpoint comes from a process-wide counter, never from ``peer_id``
+        or a descriptor number: those are reused by a fast reconnect while
+        libzmq still holds the old inproc address (CONN-7).
+        """
+        endpoint = f"inproc://reference-impl-monitor-{next(_monitor_serial)}"
+        dealer.monitor(endpoint, _MONITOR_EVENTS)
+        monitor: zmq.Socket[bytes] = self._ctx.socket(zmq.PAIR)
+        try:
+            monitor.setsockopt(zmq.LINGER, 0)
+            monitor.connect(endpoint)
+        except BaseException:
+            monitor.close(linger=0)
+            raise
+        return monitor
 
     def _apply_common_options(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.LINGER, 0)

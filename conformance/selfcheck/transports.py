@@ -24,11 +24,9 @@ Rules every mutant follows:
   are fair game; nothing is patched globally, so mutants can run side by side
   with the reference in one process.
 
-Connection mutants: the reference builds :class:`ZmqConnection` directly,
-with no factory hook, so :class:`_ConnectionMutant` re-classes each new
-connection (``__class__`` assignment; the subclasses add no state that
-``__init__`` would have to set) as soon as :meth:`connect` or the routing of
-an inbound message creates it.
+Connection mutants set the reference's ``connection_class`` hook to a
+:class:`ZmqConnection` subclass carrying the defect; mutants of the monitor
+endpoint override its ``_attach_monitor`` hook.
 """
 
 from __future__ import annotations
@@ -53,8 +51,6 @@ from reference_impl.transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
     ZmqConnection,
     ZmqTransport,
-    _bracket,
-    parse_peer_id,
 )
 
 __all__ = [
@@ -111,26 +107,6 @@ _NO_LIMIT = 2**62
 # ---------------------------------------------------------------------------
 
 
-class _ConnectionMutant(ZmqTransport):
-    """The reference, but every connection it creates is a ``connection_class``."""
-
-    connection_class: ClassVar[type[ZmqConnection]] = ZmqConnection
-
-    def connect(self, peer_id: str) -> ZmqConnection:
-        return self._adopt(super().connect(peer_id))
-
-    def _route(self, frames: list[bytes], new: list[ZmqConnection]) -> None:
-        known = len(new)
-        super()._route(frames, new)
-        for conn in new[known:]:
-            self._adopt(conn)
-
-    def _adopt(self, conn: ZmqConnection) -> ZmqConnection:
-        if type(conn) is not self.connection_class:
-            conn.__class__ = self.connection_class
-        return conn
-
-
 class _LeakyTransport(ZmqTransport):
     """Keeps sockets a mutant leaks, and closes them only when the transport closes.
 
@@ -169,36 +145,6 @@ def _map_values(value: Any, fn: Callable[[Any], Any]) -> Any:
     return fn(value)
 
 
-class _MonitorEndpointMutant(ZmqTransport):
-    """``_open_dealer`` of the reference with the monitor endpoint made a hook.
-
-    The body is the reference's, line for line, except that the endpoint comes
-    from :meth:`_attach_monitor`; the subclasses' hook is the defect.
-    """
-
-    def _attach_monitor(self, dealer: zmq.Socket[bytes], peer_id: str) -> zmq.Socket[bytes]:
-        raise NotImplementedError
-
-    def _open_dealer(self, peer_id: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
-        host, port = parse_peer_id(peer_id)
-        dealer: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
-        monitor: zmq.Socket[bytes] | None = None
-        try:
-            self._apply_common_options(dealer)
-            dealer.setsockopt(zmq.ROUTING_ID, self._identity)
-            dealer.setsockopt(zmq.SNDHWM, self.send_hwm)
-            dealer.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
-            dealer.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
-            monitor = self._attach_monitor(dealer, peer_id)
-            dealer.connect(f"tcp://{_bracket(host)}:{port}")
-        except BaseException:
-            if monitor is not None:
-                monitor.close(linger=0)
-            dealer.close(linger=0)
-            raise
-        return dealer, monitor
-
-
 # ---------------------------------------------------------------------------
 # Connection lifecycle (CONN-*)
 # ---------------------------------------------------------------------------
@@ -228,7 +174,7 @@ class _HandshakeGatedConnection(ZmqConnection):
                 self._alive = False
 
 
-class DropsSendsBeforeHandshake(_ConnectionMutant):
+class DropsSendsBeforeHandshake(ZmqTransport):
     """Sends are silently dropped until ``poll()`` has seen the connection's handshake."""
 
     connection_class = _HandshakeGatedConnection
@@ -291,7 +237,7 @@ class _InboxDiscardingConnection(ZmqConnection):
         self._inbox.clear()  # MUTATION
 
 
-class MarkDeadDiscardsInbox(_ConnectionMutant):
+class MarkDeadDiscardsInbox(ZmqTransport):
     """``mark_dead()`` throws away messages that were received but not yet read."""
 
     connection_class = _InboxDiscardingConnection
@@ -309,7 +255,7 @@ class _LazyDeathConnection(ZmqConnection):
         super()._drain_monitor()
 
 
-class MarkDeadIsLazy(_ConnectionMutant):
+class MarkDeadIsLazy(ZmqTransport):
     """``mark_dead()`` only takes effect at the next ``poll()``."""
 
     connection_class = _LazyDeathConnection
@@ -322,7 +268,7 @@ class _MarkDeadSetsReleased(ZmqConnection):
         _leak(self, self._dealer, self._monitor)
 
 
-class MarkDeadDisablesClose(_ConnectionMutant, _LeakyTransport):
+class MarkDeadDisablesClose(_LeakyTransport):
     """``mark_dead()`` sets the flag ``close()`` checks: close() and the sweep release nothing."""
 
     connection_class = _MarkDeadSetsReleased
@@ -339,7 +285,7 @@ class _MonitorLeakingConnection(ZmqConnection):
         _leak(self, self._monitor)  # MUTATION: the monitor's reader is never closed
 
 
-class CloseLeaksMonitor(_ConnectionMutant, _LeakyTransport):
+class CloseLeaksMonitor(_LeakyTransport):
     """Closing or retiring a connection leaks its monitor socket (and nothing else)."""
 
     connection_class = _MonitorLeakingConnection
@@ -352,7 +298,7 @@ class _CloseByPeerConnection(ZmqConnection):
         del self._transport._connections[self._peer_id]  # MUTATION: by peer, unchecked
 
 
-class CloseForgetsByPeer(_ConnectionMutant):
+class CloseForgetsByPeer(ZmqTransport):
     """``close()`` unregisters by peer id: a second close raises ``KeyError``."""
 
     connection_class = _CloseByPeerConnection
@@ -369,13 +315,15 @@ class _SendChecksClosedOnly(ZmqConnection):
             raise SendQueueFullError(f"send queue to {self._peer_id} is full") from None
 
 
-class SendOnDeadQueues(_ConnectionMutant):
+class SendOnDeadQueues(ZmqTransport):
     """``send()`` on a dead (not closed) connection queues instead of raising."""
 
     connection_class = _SendChecksClosedOnly
 
 
-class _PerPeerEndpoint(_MonitorEndpointMutant):
+class MonitorEndpointPerPeer(ZmqTransport):
+    """The inproc monitor endpoint is derived from the peer alone."""
+
     def _attach_monitor(self, dealer: zmq.Socket[bytes], peer_id: str) -> zmq.Socket[bytes]:
         endpoint = f"inproc://monitor-{peer_id}"  # MUTATION: reused on every reconnect
         dealer.monitor(endpoint, _MONITOR_EVENTS)
@@ -385,11 +333,7 @@ class _PerPeerEndpoint(_MonitorEndpointMutant):
         return monitor
 
 
-class MonitorEndpointPerPeer(_PerPeerEndpoint):
-    """The inproc monitor endpoint is derived from the peer alone."""
-
-
-class MonitorEndpointFromFd(_MonitorEndpointMutant):
+class MonitorEndpointFromFd(ZmqTransport):
     """The monitor comes from pyzmq's ``get_monitor_socket()`` (endpoint from the fd number)."""
 
     def _attach_monitor(self, dealer: zmq.Socket[bytes], peer_id: str) -> zmq.Socket[bytes]:
@@ -398,8 +342,18 @@ class MonitorEndpointFromFd(_MonitorEndpointMutant):
         return monitor
 
 
+class _RemembersLastSent(ZmqConnection):
+    _last_sent: Message | None = None
+
+    def send(self, msg: Message) -> None:
+        super().send(msg)
+        self._last_sent = msg
+
+
 class DuplicatesOnReconnect(ZmqTransport):
     """A reconnect replays the last message sent on the connection it replaces."""
+
+    connection_class = _RemembersLastSent
 
     def connect(self, peer_id: str) -> ZmqConnection:
         old = self._connections.get(peer_id)
@@ -407,22 +361,7 @@ class DuplicatesOnReconnect(ZmqTransport):
         last = getattr(old, "_last_sent", None)
         if last is not None:
             conn.send(last)  # MUTATION: at-least-once "retry" without de-duplication
-        conn.__class__ = _RemembersLastSent
         return conn
-
-    def _route(self, frames: list[bytes], new: list[ZmqConnection]) -> None:
-        known = len(new)
-        super()._route(frames, new)
-        for conn in new[known:]:
-            conn.__class__ = _RemembersLastSent
-
-
-class _RemembersLastSent(ZmqConnection):
-    _last_sent: Message | None = None
-
-    def send(self, msg: Message) -> None:
-        super().send(msg)
-        self._last_sent = msg
 
 
 # ---------------------------------------------------------------------------
@@ -581,7 +520,7 @@ class _DeafConnection(ZmqConnection):
                 return
 
 
-class IgnoresDisconnectEvents(_ConnectionMutant):
+class IgnoresDisconnectEvents(ZmqTransport):
     """Monitor events are drained but a disconnect never marks the connection dead."""
 
     connection_class = _DeafConnection
@@ -608,7 +547,7 @@ class _DebouncedConnection(ZmqConnection):
             self._alive = False  # MUTATION: dead only after a long grace period
 
 
-class DisconnectDebounced(_ConnectionMutant):
+class DisconnectDebounced(ZmqTransport):
     """A disconnect marks the connection dead only if it lasts 10 s ("ride out blips")."""
 
     connection_class = _DebouncedConnection
@@ -669,7 +608,7 @@ class _PairSwappingConnection(ZmqConnection):
             super().send(held)
 
 
-class ReordersMessages(_ConnectionMutant):
+class ReordersMessages(ZmqTransport):
     """Two sends between polls go out in swapped order."""
 
     connection_class = _PairSwappingConnection
@@ -693,7 +632,7 @@ class _SharedListConnection(ZmqConnection):
         return self._returned
 
 
-class RecvReturnsSharedList(_ConnectionMutant):
+class RecvReturnsSharedList(ZmqTransport):
     """``recv()`` returns the same list object every time and refills it."""
 
     connection_class = _SharedListConnection
@@ -704,7 +643,7 @@ class _OneAtATimeConnection(ZmqConnection):
         return [self._inbox.popleft()] if self._inbox else []  # MUTATION: one per call
 
 
-class RecvReturnsOneAtATime(_ConnectionMutant):
+class RecvReturnsOneAtATime(ZmqTransport):
     """``recv()`` returns one message per call instead of everything pending."""
 
     connection_class = _OneAtATimeConnection
@@ -717,7 +656,7 @@ class _BlockingSendConnection(ZmqConnection):
         self._dealer.send(self._transport._encode(msg))  # MUTATION: no zmq.NOBLOCK
 
 
-class SendBlocksAtHwm(_ConnectionMutant):
+class SendBlocksAtHwm(ZmqTransport):
     """``send()`` is a blocking libzmq send: instant until the high-water mark, then stuck."""
 
     connection_class = _BlockingSendConnection
