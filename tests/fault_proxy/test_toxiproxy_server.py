@@ -11,7 +11,7 @@ the embedded one unless a ``toxiproxy-server`` binary is on PATH. To run
 them against a real toxiproxy, start one and point ``TOXIPROXY_URL`` at it::
 
     toxiproxy-server -host 127.0.0.1 -port 8474 &
-    TOXIPROXY_URL=http://127.0.0.1:8474 pytest tests/chaos -m chaos
+    TOXIPROXY_URL=http://127.0.0.1:8474 pytest tests/fault_proxy -m chaos
 
 Proxy names carry a per-process prefix, so a shared server is safe under
 ``pytest -n auto``. The tests of the embedded server's process (CLI, port
@@ -53,7 +53,7 @@ RecordProperty = Callable[[str, object], None]
 
 
 class EchoServer(Protocol):
-    """The ``echo_server`` fixture (tests/chaos/conftest.py)."""
+    """The ``echo_server`` fixture (tests/fault_proxy/conftest.py)."""
 
     address: str
     close_command: bytes
