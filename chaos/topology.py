@@ -28,18 +28,13 @@ from typing import TYPE_CHECKING
 
 from chaos.proxy import Proxy, Toxiproxy, ToxiproxyError
 from conformance.errors import CallBlocked
-from conformance.harness import HOST, Cluster, Node, free_port, is_address_in_use
+from conformance.harness import HOST, Cluster, Node
 from conformance.spec import TransportSpec
 
 if TYPE_CHECKING:
     from chaos.faults import Faults
 
 __all__ = ["ChaosCluster"]
-
-#: Fresh ports tried for one node before giving up (another process or xdist
-#: worker may take a port between choosing and binding it).
-_BIND_ATTEMPTS = 8
-
 
 class ChaosCluster(Cluster):
     """A cluster whose nodes are only reachable through per-node proxies.
@@ -68,6 +63,8 @@ class ChaosCluster(Cluster):
         super().__init__(spec, host=host, call_limit=call_limit)
         self.toxiproxy = toxiproxy
         self._proxies: dict[int, Proxy] = {}
+        #: Proxies created for a node that is still being built, by listen address.
+        self._pending: dict[str, Proxy] = {}
         self.faults: Faults = Faults(self)
 
     def add_node(
@@ -91,32 +88,24 @@ class ChaosCluster(Cluster):
                 "do not pass one"
             )
         label = name or f"chaos{len(self.nodes)}"
-        attempts = 1 if port is not None else _BIND_ATTEMPTS
-        last: BaseException | None = None
-        for _ in range(attempts):
-            bind_port = port if port is not None else free_port(self.host)
-            proxy = self.toxiproxy.create_proxy(
-                self.toxiproxy.unique_name(f"node_{label}"),
-                upstream=f"{self.host}:{bind_port}",
-                listen=f"{self.host}:0",
-            )
-            advertised = f"{proxy.listen_host}:{proxy.listen_port}"
-            try:
-                node = super().add_node(label, port=bind_port, local_id=advertised, **options)
-            except AssertionError as exc:
-                proxy.destroy()
-                if not is_address_in_use(exc):
-                    raise
-                last = exc
-                continue
-            except BaseException:
-                proxy.destroy()
-                raise
-            self._proxies[id(node)] = proxy
-            return node
-        raise AssertionError(
-            f"could not bind chaos node {label!r} after {attempts} attempt(s): {last!r}"
-        ) from last
+        node = super().add_node(label, port=port, local_id=None, **options)
+        self._proxies[id(node)] = self._pending.pop(node.local_id)
+        return node
+
+    def _advertise(self, label: str, port: int) -> str:
+        """Create the proxy in front of ``port``; its listen address is the ``local_id``."""
+        proxy = self.toxiproxy.create_proxy(
+            self.toxiproxy.unique_name(f"node_{label}"),
+            upstream=f"{self.host}:{port}",
+            listen=f"{self.host}:0",
+        )
+        advertised = f"{proxy.listen_host}:{proxy.listen_port}"
+        self._pending[advertised] = proxy
+        return advertised
+
+    def _withdraw(self, local_id: str) -> None:
+        """Delete the proxy of a node that failed to bind."""
+        self._pending.pop(local_id).destroy()
 
     def proxy(self, node: Node) -> Proxy:
         """The proxy in front of ``node`` (raises ``KeyError`` for a foreign node)."""

@@ -472,22 +472,24 @@ class Cluster:
 
         Without ``port`` a free one is chosen, and a new one tried (up to
         8 times) when binding fails with ``EADDRINUSE``. ``local_id``
-        defaults to ``"host:port"``; pass the proxy's address when a proxy
-        sits in front of the node. ``options`` are heartbeat overrides handed
-        to :meth:`TransportSpec.build`.
+        defaults to :meth:`_advertise` (``"host:port"`` here); pass the
+        proxy's address when a proxy sits in front of the node. ``options``
+        are heartbeat overrides handed to :meth:`TransportSpec.build`.
         """
         label = name or f"node{next(_names)}"
         attempts = 1 if port is not None else _BIND_ATTEMPTS
         last: BaseException | None = None
         for _ in range(attempts):
             chosen = port if port is not None else free_port(self.host)
-            ident = local_id or f"{self.host}:{chosen}"
+            ident = local_id or self._advertise(label, chosen)
             try:
                 transport = self._build(label, ident, chosen, options)
-            except CallBlocked:
-                raise
-            except Exception as exc:
-                if not is_address_in_use(exc):
+            except BaseException as exc:
+                if local_id is None:
+                    self._withdraw(ident)
+                if isinstance(exc, CallBlocked) or not (
+                    isinstance(exc, Exception) and is_address_in_use(exc)
+                ):
                     raise
                 last = exc
                 continue
@@ -498,6 +500,17 @@ class Cluster:
         raise AssertionError(
             f"could not bind node {label!r} after {attempts} attempt(s): {last!r}"
         ) from last
+
+    def _advertise(self, label: str, port: int) -> str:
+        """The ``local_id`` of a node about to bind ``port``: its own address.
+
+        A subclass that puts something in front of its nodes (the chaos
+        cluster's proxies) returns that address instead.
+        """
+        return f"{self.host}:{port}"
+
+    def _withdraw(self, local_id: str) -> None:
+        """Undo :meth:`_advertise` for a node that failed to bind (nothing to undo here)."""
 
     def restart(self, node: Node) -> Node:
         """Close ``node``'s transport and build a new one on the same port and ``local_id``.
