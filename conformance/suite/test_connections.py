@@ -32,15 +32,6 @@ from conformance.spec import TransportSpec
 from conformance.strategies import first_difference, messages
 
 
-def _messages_from(node: Node, peer_id: str) -> list[dict[str, Any]]:
-    """Drain every connection ``node`` has for ``peer_id`` (inbound ones it was handed)."""
-    got: list[dict[str, Any]] = []
-    for conn in node.inbound:
-        if conn.peer_id == peer_id:
-            got.extend(conn.recv())
-    return got
-
-
 def _wait_for_message(
     node: Node, peer: Node, wanted: dict[str, Any], *, known: list[Connection], what: str
 ) -> list[dict[str, Any]]:

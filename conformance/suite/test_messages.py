@@ -256,6 +256,7 @@ def _encoded(msg: dict[str, Any]) -> bytes:
 
 
 def _messages_from(node: Node, peer_id: str) -> list[dict[str, Any]]:
+    """Drain every connection ``node`` has for ``peer_id`` (inbound ones it was handed)."""
     got: list[dict[str, Any]] = []
     for conn in node.inbound:
         if conn.peer_id == peer_id:
