@@ -250,27 +250,37 @@ class KVEventSubscriber:
             self._counts["garbled"] += 1
             return
         topic, seq_frame, payload = frames
-        if self._topic and topic != self._topic:
+        if not self._accepts_topic(topic):
             self._counts["other_topic"] += 1
             return
         seq = self._seq(seq_frame)
         if seq is None:
             return
         self._last_traffic = time.monotonic()
-        if self._last_live is not None and seq <= self._last_live:
+        if self._is_restart(seq):
             self._restarted(out)
         elif self._last is None:
             self._last = seq - 1  # join the stream where it is
         self._last_live = seq
         assert self._last is not None
         if seq <= self._last:
-            self._counts["duplicates"] += 1
+            self._on_duplicate(seq, payload, out)
             return
         self._held[seq] = (payload, self._decode(payload))
         self._flush(out)
         if self._held and self._replay is None:
             self._counts["gaps"] += 1
             self._request_replay()
+
+    def _accepts_topic(self, topic: bytes) -> bool:
+        return not self._topic or topic == self._topic
+
+    def _is_restart(self, seq: int) -> bool:
+        """PUB delivers in order: a live seq not above the last live one is a new incarnation."""
+        return self._last_live is not None and seq <= self._last_live
+
+    def _on_duplicate(self, seq: int, payload: bytes, out: list[tuple[int, KVEventBatch]]) -> None:
+        self._counts["duplicates"] += 1
 
     def _restarted(self, out: list[tuple[int, KVEventBatch]]) -> None:
         """A new publisher incarnation: close the old one's books, expect seq 0."""
@@ -288,10 +298,7 @@ class KVEventSubscriber:
     def _request_replay(self) -> None:
         assert self._last is not None
         if self._dealer is None:
-            self._dealer = self._ctx.socket(zmq.DEALER)
-            self._dealer.setsockopt(zmq.LINGER, 0)
-            self._dealer.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
-            self._dealer.connect(self.replay_endpoint)
+            self._dealer = self._open_replay_socket()
             self._poller.register(self._dealer, zmq.POLLIN)
         # Ask from the last batch delivered, not the one after: its answer
         # proves the publisher is still the incarnation that sent it.
@@ -300,8 +307,23 @@ class KVEventSubscriber:
         covers = self._last_live if self._last_live is not None else self._last
         self._replay = _Replay(start, check, covers, time.monotonic())
         self._counts["replays"] += 1
+        self._send_request(self._dealer, replay_request(start))
+
+    def _open_replay_socket(self) -> zmq.Socket[bytes]:
+        """A DEALER: it takes the many answers of one request (a REQ takes one)."""
+        dealer: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+        dealer.connect(self.replay_endpoint)
+        return dealer
+
+    def _send_request(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
         with contextlib.suppress(zmq.Again):  # unanswered: the timeout retries
-            self._dealer.send_multipart(replay_request(start), zmq.NOBLOCK)
+            sock.send_multipart(frames, zmq.NOBLOCK)
+
+    def _abandon_replay_socket(self) -> None:
+        """Lazy pirate: close the socket, so late answers of the abandoned request die with it."""
+        self._drop_dealer()
 
     def _drop_dealer(self) -> None:
         if self._dealer is not None:
@@ -328,7 +350,7 @@ class KVEventSubscriber:
             self._counts["garbled"] += 1
             return
         replay.last_activity = time.monotonic()
-        seq = int.from_bytes(frames[1], "big", signed=True)
+        seq = self._answer_seq(frames[1])
         if replay.check is not None and seq != -1 and seq < replay.start:
             self._counts["garbled"] += 1  # below what was asked: not an answer
             return
@@ -353,10 +375,15 @@ class KVEventSubscriber:
             return
         assert self._last is not None
         if seq <= self._last:
-            self._counts["duplicates"] += 1
+            self._on_duplicate(seq, frames[2], out)
             return
         self._held[seq] = (frames[2], self._decode(frames[2]))
         self._flush(out)
+
+    @staticmethod
+    def _answer_seq(frame: bytes) -> int:
+        """A replay answer's seq: signed, so the end marker reads as -1."""
+        return int.from_bytes(frame, "big", signed=True)
 
     def _timers(self, now: float, out: list[tuple[int, KVEventBatch]]) -> None:
         replay = self._replay
@@ -364,7 +391,7 @@ class KVEventSubscriber:
             if now - replay.last_activity < self._replay_timeout_s:
                 return
             self._counts["replay_timeouts"] += 1
-            self._drop_dealer()  # lazy pirate: late answers die with the socket
+            self._abandon_replay_socket()
             self._replay = None
             self._failed_attempts += 1
             if self._failed_attempts >= self._replay_attempts:
