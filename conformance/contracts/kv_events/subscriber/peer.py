@@ -313,20 +313,22 @@ class FakePublisher:
 class Session:
     """One subscriber under test and one fake publisher, driven together.
 
-    ``delivered`` accumulates every ``(seq, batch)`` the subscriber's
+    ``route`` maps the fake's endpoints to the ones the subscriber is given
+    (a proxy in between). ``delivered`` accumulates every ``(seq, batch)`` the subscriber's
     ``poll()`` returned. A ``poll()`` that raises fails the test naming
     ``clause``; one that overruns the watchdog is reported as blocked.
     """
 
     def __init__(self, spec: SubscriberSpec, *, clause: str, topic: str = "kv",
-                 fake_topic: str | None = None, endpoints: tuple[str, str] | None = None
-                 ) -> None:
+                 fake_topic: str | None = None,
+                 route: Callable[[FakePublisher], tuple[str, str]] | None = None) -> None:
         self.clause = clause
         self.fake = FakePublisher(topic=topic if fake_topic is None else fake_topic,
                                   encoding=spec.encoding)
         self.delivered: list[tuple[int, Any]] = []
-        endpoint, replay = endpoints or (self.fake.endpoint, self.fake.replay_endpoint)
         try:
+            endpoint, replay = (route(self.fake) if route is not None
+                                else (self.fake.endpoint, self.fake.replay_endpoint))
             self.sub = spec.build(endpoint, replay, topic=topic)
         except BaseException:
             self.fake.close()
