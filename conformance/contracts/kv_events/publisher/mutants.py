@@ -11,7 +11,6 @@ checks each is killed by its clause.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import time
@@ -114,10 +113,9 @@ class _ReplayVariant(KVEventPublisher):
                     job.pending.popleft()
                     sent += 1
                 if not job.pending and sent < _REPLAY_SLICE:
-                    if self.end_marker is not None:
-                        with contextlib.suppress(zmq.Again):
-                            self._router.send_multipart((identity, b"", self.end_marker, b""),
-                                                        zmq.NOBLOCK)
+                    if self.end_marker is not None:  # retried until the pipe has room
+                        self._router.send_multipart((identity, b"", self.end_marker, b""),
+                                                    zmq.NOBLOCK)
                     del jobs[identity]
                     continue
             except zmq.Again:
@@ -146,8 +144,9 @@ class UnsignedEndMarker(_ReplayVariant):
 
 
 class ReplayTruncatedAtHwm(_ReplayVariant):
-    """A ROUTER without ``ZMQ_ROUTER_MANDATORY``: answers past the reader's high-water
-    mark are dropped silently, then the end marker says the replay is complete."""
+    """Answers the reader's pipe has no room for are dropped (as a ROUTER without
+    ``ZMQ_ROUTER_MANDATORY`` drops them), but the end marker is retried until it goes
+    through: the reader is told a truncated replay is complete."""
 
     drop_when_full = True  # MUTATION
 

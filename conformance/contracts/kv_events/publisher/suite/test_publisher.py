@@ -282,11 +282,12 @@ def test_slow_reader_gets_all_of_a_replay_or_no_end_marker(
     kv_publisher_spec: PublisherSpec,
 ) -> None:
     """A replay far larger than what the reader's pipe holds, to a reader that stops
-    reading for a while and then drains: an end marker only after every batch."""
+    reading for 0.7 s and then drains: an end marker only after every batch."""
     if (not accepts(kv_publisher_spec.factory, "buffer_steps")
             and (kv_publisher_spec.buffer_steps or 0) < 2500):
         pytest.skip("EVT-5: needs a retention of 2500 batches (a buffer_steps keyword)")
-    with _rig(kv_publisher_spec, "EVT-5", buffer_steps=2500) as rig:
+    with _rig(kv_publisher_spec, "EVT-5", buffer_steps=2500,
+              replay_stall_timeout_ms=3000) as rig:
         reader = rig.sub()
         rig.join(reader)
         for _ in range(2500):
@@ -298,7 +299,11 @@ def test_slow_reader_gets_all_of_a_replay_or_no_end_marker(
         client = rig.replay_client(rcvhwm=1)
         start = len(rig.model) - 2400
         client.request(start)
-        deadline = time.monotonic() + 0.4  # the reader stalls; its pipe and TCP buffers fill
+        # The reader stalls long enough for the publisher to have tried to send far more
+        # than its pipe, the ROUTER's 1000-message queue and the TCP buffers hold (about
+        # 1600 of the 2400 answers); a correct publisher pauses, or gives up without the
+        # end marker.
+        deadline = time.monotonic() + 0.7
         while time.monotonic() < deadline:
             rig.publish(make_batch())  # publishing goes on meanwhile
             time.sleep(0.01)
