@@ -94,7 +94,7 @@ class KVEventSubscriber:
             batches it missed (0 disables).
         heartbeat_ivl_ms / heartbeat_timeout_ms: ZMTP heartbeats on the SUB
             socket (0 disables).
-        rcvhwm: the SUB socket's receive high-water mark.
+        rcvhwm: the SUB socket's receive high-water mark (0: no limit).
         reconnect_ivl_ms: libzmq's reconnect interval.
     """
 
@@ -120,12 +120,12 @@ class KVEventSubscriber:
         for name, value in (
             ("replay_timeout_ms", replay_timeout_ms),
             ("replay_attempts", replay_attempts),
-            ("rcvhwm", rcvhwm),
             ("reconnect_ivl_ms", reconnect_ivl_ms),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         for name, value in (
+            ("rcvhwm", rcvhwm),
             ("resync_idle_ms", resync_idle_ms),
             ("heartbeat_ivl_ms", heartbeat_ivl_ms),
             ("heartbeat_timeout_ms", heartbeat_timeout_ms),
