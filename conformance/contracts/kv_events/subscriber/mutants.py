@@ -141,3 +141,16 @@ MUTANTS: Final[tuple[SubscriberMutant, ...]] = (
                      "no heartbeat and no idle check: losses before a quiet period stay lost",
                      ("EVS-7",), chaos=True),
 )
+
+
+def selfcheck_catalog() -> tuple[Any, ...]:
+    """:data:`MUTANTS` as the self-check catalog (``self-check --contract
+    kv-events-subscriber``); each one's base is the reference subscriber."""
+    from conformance.selfcheck.mutants import Mutant
+
+    base = "reference_impl.kv_events.subscriber:KVEventSubscriber"
+    return tuple(
+        Mutant(m.name, m.factory, m.description, m.description, m.clauses, chaos=m.chaos,
+               base=base)
+        for m in MUTANTS
+    )
