@@ -72,6 +72,7 @@ _REPLAY_SLICE: Final = 512
 _MAX_REPLAY_JOBS: Final = 256
 #: Requests read per loop turn, so a flood cannot starve publishing either.
 _REQUEST_SLICE: Final = 256
+_MORE_NOBLOCK: Final = zmq.SNDMORE | zmq.NOBLOCK
 #: How long the thread sleeps between retries of a replay stalled by EAGAIN.
 _STALL_RETRY_MS: Final = 5
 
@@ -455,22 +456,24 @@ class KVEventPublisher:
         """
         timeout: int | None = None
         now = time.monotonic()
-        router = self._router
+        send = self._router.send
         for identity in list(jobs):
             job = jobs[identity]
             sent = 0
             try:
-                while job.pending and sent < _REPLAY_SLICE:
-                    seq_frame, payload = job.pending[0]
-                    router.send_multipart(
-                        (identity, b"", seq_frame, payload),
-                        zmq.NOBLOCK,
-                        copy=len(payload) < 65536,
-                    )
-                    job.pending.popleft()
+                pending = job.pending
+                while pending and sent < _REPLAY_SLICE:
+                    seq_frame, payload = pending[0]
+                    # With ROUTER_MANDATORY only the first frame can fail (EAGAIN,
+                    # EHOSTUNREACH); once it is accepted the message goes out whole.
+                    send(identity, _MORE_NOBLOCK)
+                    send(b"", _MORE_NOBLOCK)
+                    send(seq_frame, _MORE_NOBLOCK)
+                    send(payload, zmq.NOBLOCK, len(payload) < 65536)
+                    pending.popleft()
                     sent += 1
                 if not job.pending and sent < _REPLAY_SLICE:
-                    router.send_multipart((identity, b"", END_MARKER_SEQ, b""), zmq.NOBLOCK)
+                    self._router.send_multipart((identity, b"", END_MARKER_SEQ, b""), zmq.NOBLOCK)
                     del jobs[identity]
                     self._counters.replays_served += 1
                     continue
