@@ -61,8 +61,9 @@ DEFAULT_RESYNC_IDLE_MS: Final = 1000
 DEFAULT_HEARTBEAT_IVL_MS: Final = 500
 DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 1500
 DEFAULT_RCVHWM: Final = 100_000
-#: Messages read per socket per turn of poll(), so poll() returns under a flood.
-_READ_SLICE: Final = 10_000
+#: Messages read per socket per turn of poll(): poll() returns under a flood, and a
+#: caller holds few decoded batches at once (large batches cost memory churn).
+_READ_SLICE: Final = 64
 _SEQ_LIMIT: Final = 2**63
 
 
