@@ -65,9 +65,10 @@ class PublishesNewestFirst(KVEventPublisher):
         while self._queue:
             batch = self._queue.pop()  # MUTATION: popleft() keeps the publish order
             payload = encode_batch(batch, self.encoding)
-            seq = next(self._seq)
-            self._pub.send_multipart((self._topic, encode_seq(seq), payload))
-            self._buffer.append((seq, payload))
+            seq_frame = encode_seq(self._next_seq)
+            self._next_seq += 1
+            self._pub.send_multipart((self._topic, seq_frame, payload))
+            self._buffer.append((seq_frame, payload))
             self._counters.published += 1
 
 
