@@ -27,6 +27,8 @@ def markdown(results: dict[str, Any]) -> str:
         out += _detection(results["detection"])
     if "proxy" in results:
         out += _proxy(results["proxy"])
+    if "kv_events" in results:
+        out += _kv_events(results["kv_events"])
     return "\n".join(out) + "\n"
 
 
@@ -120,6 +122,29 @@ def _proxy(p: dict[str, Any]) -> list[str]:
             f"{_spread(row['mb_per_s'], digits=1)} | {row['throughput_ratio']:.2f} |"
         )
     return [*out, ""]
+
+
+def _kv_events(k: dict[str, Any]) -> list[str]:
+    out = [
+        "## KV-event stream: reference publisher and subscriber vs raw pyzmq + msgspec loops",
+        "",
+        "| side | batch | reference batches/s | baseline batches/s | ratio |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for side in ("publisher", "subscriber"):
+        for label, row in k[side].items():
+            out.append(
+                f"| {side} | {label} | {_spread(row['reference']['batches_per_s'])} | "
+                f"{_spread(row['baseline']['batches_per_s'])} | {row['ratio']:.2f} |"
+            )
+    replay = k["replay"]
+    out += [
+        "",
+        f"Replay of {replay['batches']:,} retained {replay['size']} B batches to one reader "
+        f"(request to end marker): {_spread(replay['seconds'], digits=3)} s.",
+        "",
+    ]
+    return out
 
 
 def plots(results: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -33,12 +33,14 @@ both ports, so rank 1's PUB port is rank 0's replay port).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,7 +53,6 @@ from reference_impl.kv_events.schema import (
     Encoding,
     KVEventBatch,
     encode_batch,
-    encode_seq,
 )
 
 __all__ = ["KVEventPublisher", "PublisherClosedError", "rank_endpoints"]
@@ -71,6 +72,7 @@ _REPLAY_SLICE: Final = 512
 _MAX_REPLAY_JOBS: Final = 256
 #: Requests read per loop turn, so a flood cannot starve publishing either.
 _REQUEST_SLICE: Final = 256
+_MORE_NOBLOCK: Final = zmq.SNDMORE | zmq.NOBLOCK
 #: How long the thread sleeps between retries of a replay stalled by EAGAIN.
 _STALL_RETRY_MS: Final = 5
 
@@ -163,7 +165,7 @@ class KVEventPublisher:
             the endpoints as given and leave batches as they are. A number:
             bind :func:`rank_endpoints` and stamp batches whose
             ``data_parallel_rank`` is ``None`` with it (on a copy).
-        sndhwm: the PUB socket's high-water mark per subscriber.
+        sndhwm: the PUB socket's high-water mark per subscriber (0: no limit).
         heartbeat_ivl_ms / heartbeat_timeout_ms: ZMTP heartbeats on both
             sockets, so a silently partitioned peer is dropped and its
             queue freed. 0 disables them.
@@ -205,12 +207,13 @@ class KVEventPublisher:
         for name, value in (
             ("buffer_steps", buffer_steps),
             ("max_queue", max_queue),
-            ("sndhwm", sndhwm),
             ("replay_stall_timeout_ms", replay_stall_timeout_ms),
             ("shutdown_timeout_ms", shutdown_timeout_ms),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if sndhwm < 0:
+            raise ValueError(f"sndhwm must be >= 0 (0: no limit), got {sndhwm}")
         if heartbeat_ivl_ms < 0 or heartbeat_timeout_ms < 0:
             raise ValueError("heartbeat_ivl_ms and heartbeat_timeout_ms must be >= 0")
         if data_parallel_rank is not None:
@@ -229,12 +232,17 @@ class KVEventPublisher:
         self._shutdown_timeout_s = shutdown_timeout_ms / 1000
 
         self._queue: deque[KVEventBatch] = deque()
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        #: (seq frame, payload) of the last ``buffer_steps`` batches, oldest first.
+        self._buffer: deque[tuple[bytes, bytes]] = deque(maxlen=buffer_steps)
         self._counters = _Counters()
         self._closed = False
         self._stopping = False
         self._idle = False
-        self._seq = itertools.count()
+        self._next_seq = 0
+        self._encode: Callable[[KVEventBatch], bytes] = (
+            msgspec.msgpack.Encoder().encode if encoding == "map"
+            else functools.partial(encode_batch, encoding=encoding)
+        )
 
         self._ctx = zmq.Context()
         self._wake_r, self._wake_w = os.pipe()
@@ -279,15 +287,16 @@ class KVEventPublisher:
         """
         if self._closed:
             raise PublisherClosedError("publish() after shutdown()")
-        if not isinstance(batch, KVEventBatch):
+        if type(batch) is not KVEventBatch and not isinstance(batch, KVEventBatch):
             raise TypeError(f"publish() takes a KVEventBatch, not {type(batch).__name__}")
-        if len(self._queue) >= self.max_queue:
+        queue = self._queue
+        if len(queue) >= self.max_queue:
             self._counters.dropped += 1
             if self._counters.dropped == 1 or self._counters.dropped % 10_000 == 0:
                 _log.warning("publish queue full (%d): %d batches shed so far",
                              self.max_queue, self._counters.dropped)
             return
-        self._queue.append(batch)
+        queue.append(batch)
         if self._idle:
             self._wake()
 
@@ -382,23 +391,33 @@ class KVEventPublisher:
             self._finish(jobs)
 
     def _publish_queued(self) -> None:
-        queue, buffer, pub, topic = self._queue, self._buffer, self._pub, self._topic
-        rank, encoding, counters = self.data_parallel_rank, self.encoding, self._counters
-        while queue:
-            batch = queue.popleft()
-            if rank is not None and batch.data_parallel_rank is None:
-                batch = msgspec.structs.replace(batch, data_parallel_rank=rank)
-            try:
-                payload = encode_batch(batch, encoding)
-            except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-                counters.encode_errors += 1
-                _log.error("batch not published, it cannot be encoded: %s", exc)
-                continue
-            seq = next(self._seq)
-            seq_frame = encode_seq(seq)
-            pub.send_multipart((topic, seq_frame, payload), copy=len(payload) < 65536)
-            buffer.append((seq, payload))
-            counters.published += 1
+        """Number, encode, send and retain every queued batch (the hot path)."""
+        queue = self._queue
+        if not queue:
+            return
+        popleft, send, retain = queue.popleft, self._pub.send, self._buffer.append
+        topic, rank, encode = self._topic, self.data_parallel_rank, self._encode
+        seq = self._next_seq
+        try:
+            while queue:
+                batch = popleft()
+                if rank is not None and batch.data_parallel_rank is None:
+                    batch = msgspec.structs.replace(batch, data_parallel_rank=rank)
+                try:
+                    payload = encode(batch)
+                except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+                    self._counters.encode_errors += 1  # no seq is used up: no gap
+                    _log.error("batch not published, it cannot be encoded: %s", exc)
+                    continue
+                seq_frame = seq.to_bytes(SEQ_BYTES, "big")
+                send(topic, zmq.SNDMORE)
+                send(seq_frame, zmq.SNDMORE)
+                send(payload, 0, len(payload) < 65536)
+                retain((seq_frame, payload))
+                seq += 1
+        finally:
+            self._counters.published += seq - self._next_seq
+            self._next_seq = seq
 
     def _read_requests(self, jobs: dict[bytes, _ReplayJob]) -> None:
         router = self._router
@@ -423,13 +442,11 @@ class KVEventPublisher:
         buffer = self._buffer
         if not buffer:
             return deque()
-        first = buffer[0][0]
+        first = int.from_bytes(buffer[0][0], "big")
         skip = max(0, start - first)
         if skip >= len(buffer):
             return deque()
-        return deque(
-            (encode_seq(seq), payload) for seq, payload in itertools.islice(buffer, skip, None)
-        )
+        return deque(itertools.islice(buffer, skip, None))
 
     def _serve_replays(self, jobs: dict[bytes, _ReplayJob]) -> int | None:
         """Send a slice of every job; return how long the thread may sleep (ms).
@@ -439,22 +456,24 @@ class KVEventPublisher:
         """
         timeout: int | None = None
         now = time.monotonic()
-        router = self._router
+        send = self._router.send
         for identity in list(jobs):
             job = jobs[identity]
             sent = 0
             try:
-                while job.pending and sent < _REPLAY_SLICE:
-                    seq_frame, payload = job.pending[0]
-                    router.send_multipart(
-                        (identity, b"", seq_frame, payload),
-                        zmq.NOBLOCK,
-                        copy=len(payload) < 65536,
-                    )
-                    job.pending.popleft()
+                pending = job.pending
+                while pending and sent < _REPLAY_SLICE:
+                    seq_frame, payload = pending[0]
+                    # With ROUTER_MANDATORY only the first frame can fail (EAGAIN,
+                    # EHOSTUNREACH); once it is accepted the message goes out whole.
+                    send(identity, _MORE_NOBLOCK)
+                    send(b"", _MORE_NOBLOCK)
+                    send(seq_frame, _MORE_NOBLOCK)
+                    send(payload, zmq.NOBLOCK, len(payload) < 65536)
+                    pending.popleft()
                     sent += 1
                 if not job.pending and sent < _REPLAY_SLICE:
-                    router.send_multipart((identity, b"", END_MARKER_SEQ, b""), zmq.NOBLOCK)
+                    self._router.send_multipart((identity, b"", END_MARKER_SEQ, b""), zmq.NOBLOCK)
                     del jobs[identity]
                     self._counters.replays_served += 1
                     continue

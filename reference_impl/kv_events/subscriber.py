@@ -61,8 +61,9 @@ DEFAULT_RESYNC_IDLE_MS: Final = 1000
 DEFAULT_HEARTBEAT_IVL_MS: Final = 500
 DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 1500
 DEFAULT_RCVHWM: Final = 100_000
-#: Messages read per socket per turn of poll(), so poll() returns under a flood.
-_READ_SLICE: Final = 10_000
+#: Messages read per socket per turn of poll(): poll() returns under a flood, and a
+#: caller holds few decoded batches at once (large batches cost memory churn).
+_READ_SLICE: Final = 64
 _SEQ_LIMIT: Final = 2**63
 
 
@@ -94,7 +95,7 @@ class KVEventSubscriber:
             batches it missed (0 disables).
         heartbeat_ivl_ms / heartbeat_timeout_ms: ZMTP heartbeats on the SUB
             socket (0 disables).
-        rcvhwm: the SUB socket's receive high-water mark.
+        rcvhwm: the SUB socket's receive high-water mark (0: no limit).
         reconnect_ivl_ms: libzmq's reconnect interval.
     """
 
@@ -120,12 +121,12 @@ class KVEventSubscriber:
         for name, value in (
             ("replay_timeout_ms", replay_timeout_ms),
             ("replay_attempts", replay_attempts),
-            ("rcvhwm", rcvhwm),
             ("reconnect_ivl_ms", reconnect_ivl_ms),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         for name, value in (
+            ("rcvhwm", rcvhwm),
             ("resync_idle_ms", resync_idle_ms),
             ("heartbeat_ivl_ms", heartbeat_ivl_ms),
             ("heartbeat_timeout_ms", heartbeat_timeout_ms),

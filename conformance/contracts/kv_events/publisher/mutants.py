@@ -11,7 +11,6 @@ checks each is killed by its clause.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from typing import Any, Final
@@ -34,7 +33,7 @@ class SeqFromOne(KVEventPublisher):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._seq = itertools.count(1)  # MUTATION: the first batch gets seq 1
+        self._next_seq = 1  # MUTATION: the first batch gets seq 1
 
 
 class SkipsSeqOnEncodeError(KVEventPublisher):
@@ -44,14 +43,16 @@ class SkipsSeqOnEncodeError(KVEventPublisher):
     def _publish_queued(self) -> None:
         while self._queue:
             batch = self._queue.popleft()
-            seq = next(self._seq)  # MUTATION: consumed before the encode can fail
+            seq = self._next_seq
+            self._next_seq += 1  # MUTATION: consumed before the encode can fail
             try:
                 payload = encode_batch(batch, self.encoding)
             except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
                 self._counters.encode_errors += 1
                 continue
-            self._pub.send_multipart((self._topic, encode_seq(seq), payload))
-            self._buffer.append((seq, payload))
+            seq_frame = encode_seq(seq)
+            self._pub.send_multipart((self._topic, seq_frame, payload))
+            self._buffer.append((seq_frame, payload))
             self._counters.published += 1
 
 
@@ -63,9 +64,10 @@ class PublishesNewestFirst(KVEventPublisher):
         while self._queue:
             batch = self._queue.pop()  # MUTATION: popleft() keeps the publish order
             payload = encode_batch(batch, self.encoding)
-            seq = next(self._seq)
-            self._pub.send_multipart((self._topic, encode_seq(seq), payload))
-            self._buffer.append((seq, payload))
+            seq_frame = encode_seq(self._next_seq)
+            self._next_seq += 1
+            self._pub.send_multipart((self._topic, seq_frame, payload))
+            self._buffer.append((seq_frame, payload))
             self._counters.published += 1
 
 

@@ -21,10 +21,6 @@ ENV_SUBSCRIBER = "ZMQ_CONFORMANCE_KV_SUBSCRIBER"
 DEFAULT_SUBSCRIBER = "reference_impl.kv_events.subscriber:KVEventSubscriber"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "kv_clause(*ids): kv-events-subscriber clauses")
-
-
 @pytest.fixture
 def kv_subscriber_spec(request: pytest.FixtureRequest, zmq_transport_factory: Any
                        ) -> SubscriberSpec:

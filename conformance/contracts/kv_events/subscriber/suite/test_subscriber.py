@@ -13,6 +13,7 @@ capability, else 5 s), with one second of slack for a loaded machine.
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,6 @@ from conformance.contracts.kv_events.subscriber.peer import (
     answer_fully,
     make_batch,
 )
-from conformance.contracts.kv_events.subscriber.suite._marks import clause
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
     KVEventBatch,
@@ -53,7 +53,7 @@ def _expected(fake: FakePublisher, seqs: list[int]) -> list[tuple[int, KVEventBa
 # --- EVS-1 ------------------------------------------------------------------------------
 
 
-@clause("EVS-1")
+@pytest.mark.clause("EVS-1")
 @_settings()
 @given(
     steps=st.lists(
@@ -101,7 +101,7 @@ def test_every_batch_once_in_order(
 # --- EVS-2 ------------------------------------------------------------------------------
 
 
-@clause("EVS-2")
+@pytest.mark.clause("EVS-2")
 @_settings(cap=8)
 @given(before=st.integers(1, 4), lost=st.integers(1, 4), after=st.integers(1, 4))
 def test_end_marker_is_signed_minus_one(
@@ -143,7 +143,7 @@ def test_end_marker_is_signed_minus_one(
 # --- EVS-3 ------------------------------------------------------------------------------
 
 
-@clause("EVS-3")
+@pytest.mark.clause("EVS-3")
 @_settings(cap=8)
 @given(
     before=st.integers(1, 3),
@@ -215,7 +215,7 @@ def _stale_answer(fake: FakePublisher, identity: bytes, start: int) -> None:
 # --- EVS-4 ------------------------------------------------------------------------------
 
 
-@clause("EVS-4")
+@pytest.mark.clause("EVS-4")
 @_settings(cap=8)
 @given(data=st.data(), old=st.integers(1, 6), fresh_live=st.integers(1, 4))
 def test_publisher_restart_is_recognised(
@@ -256,7 +256,7 @@ _GARBAGE = ("frames_1", "frames_2", "frames_4", "short_seq", "long_seq", "undeco
             "unknown_tag", "wrong_shape", "empty_payload")
 
 
-@clause("EVS-5")
+@pytest.mark.clause("EVS-5")
 @_settings()
 @given(
     items=st.lists(st.one_of(st.just("valid"), st.sampled_from(_GARBAGE)), min_size=1,
@@ -333,7 +333,7 @@ def _unknown_tag(fake: FakePublisher) -> bytes:
 _TOPICS = ("", "k", "kv", "kv-events", "kv-events-dp1", "other")
 
 
-@clause("EVS-6")
+@pytest.mark.clause("EVS-6")
 @_settings()
 @given(
     topic=st.sampled_from(["", "kv", "kv-events"]),

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 import pytest
 
 from conformance.contracts.kv_events.subscriber.peer import FakePublisher, Session, SubscriberSpec
-from conformance.contracts.kv_events.subscriber.suite._marks import clause
 
 pytest.importorskip("toxiproxy", reason="chaos extras not installed")
 
@@ -44,7 +43,7 @@ def _partitioned(*proxies: Proxy) -> Iterator[None]:
         yield
 
 
-@clause("EVS-7")
+@pytest.mark.clause("EVS-7")
 @pytest.mark.chaos
 @pytest.mark.parametrize("after_heal", ["quiet", "traffic"])
 def test_silent_partition_heals_gap_free(
