@@ -64,7 +64,7 @@ def _try(client: Client) -> bool:
 
 
 def _fails_in_time(client: Client, clause: str, what: str) -> float:
-    reply, exc, took = client.attempt(ECHO, {"nonce": nonce()})
+    reply, _exc, took = client.attempt(ECHO, {"nonce": nonce()})
     assert reply is None, f"{clause}: {what}: the request succeeded ({reply!r:.80}) with no server"
     assert took <= _FAIL_BY_S, (
         f"{clause}: {what}: the request failed only after {took * 1000:.0f} ms; the timeout is "
@@ -217,7 +217,7 @@ def test_ctl5_late_reply_of_an_abandoned_request_is_never_taken(
         client = r.client()
         _ready(r, client)
         for _ in range(2):
-            reply, exc, took = client.attempt(SLOW, {"nonce": nonce(),
+            reply, _exc, took = client.attempt(SLOW, {"nonce": nonce(),
                                                      "ms": REQUEST_TIMEOUT_MS + 100})
             assert reply is None, (
                 f"CTL-4: a request whose handler takes {REQUEST_TIMEOUT_MS + 100} ms returned "
