@@ -9,6 +9,7 @@ time is in the failure message and in ``record_property``.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -234,6 +235,10 @@ def _registrations(r: Rig, generation: int) -> int:
     return len(r.handlers.seen(type=REGISTER, generation=generation))
 
 
+def _registered(r: Rig, generation: int) -> bool:
+    return _registrations(r, generation) > 0
+
+
 @pytest.mark.clause("CTL-6")
 def test_ctl6_fast_restart_is_detected_and_registered_with(
     control_spec: ControlSpec, record_property: Recorder
@@ -249,7 +254,7 @@ def test_ctl6_fast_restart_is_detected_and_registered_with(
             restarted = time.monotonic()
             gen = r.generation
             try:
-                r.wait_until(lambda g=gen: _registrations(r, g) > 0, tick=[client],
+                r.wait_until(functools.partial(_registered, r, gen), tick=[client],
                              timeout=_ALIVE_AGAIN_S,
                              what=f"the restarted server (generation {gen}) to see {REGISTER}")
             except AssertionError as exc:
