@@ -211,9 +211,17 @@ class ControlClient:
                 self._registration = (rid, now)
 
     def _on_heartbeat_timeout(self) -> None:
-        """The server is silent: mark it dead and start over on a fresh socket."""
+        """The server is silent: mark it dead and start over on a fresh socket.
+
+        Not while a request waits: its message may sit in this socket's
+        queue, about to cross a connection being re-established, and
+        :meth:`request` rebuilds on its own timeout anyway.
+        """
         self._alive = False
-        self._rebuild()
+        if self._awaiting is None:
+            self._rebuild()
+        else:
+            self._ping = None
         self._next_ping_at = time.monotonic()
 
     def _send(self, rid: int, payload: bytes, *, quiet: bool = False) -> bool:
