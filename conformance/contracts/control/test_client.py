@@ -47,9 +47,10 @@ _ALIVE_AGAIN_S = (HEARTBEAT_TIMEOUT_MS + HEARTBEAT_IVL_MS + RECONNECT_MAX_MS + S
 def _echo_ok(client: Client, clause: str, what: str) -> None:
     n = nonce()
     reply = client.request(ECHO, {"nonce": n})
+    # A reply to another request breaks CTL-5 whatever the test's clause.
     assert reply.get("nonce") == n, (
-        f"{clause}: {what}: request {ECHO} nonce {n} returned {reply!r:.120}, the reply to "
-        "another request (replies must be matched to their own request)")
+        f"CTL-5: {what} ({clause} test): request {ECHO} nonce {n} returned {reply!r:.120}, the "
+        "reply to another request (replies must be matched to their own request)")
 
 
 def _ready(r: Rig, client: Client) -> None:
@@ -218,8 +219,10 @@ def test_ctl5_late_reply_of_an_abandoned_request_is_never_taken(
         client = r.client()
         _ready(r, client)
         for _ in range(2):
-            reply, _exc, took = client.attempt(SLOW, {"nonce": nonce(),
-                                                     "ms": REQUEST_TIMEOUT_MS + 100})
+            n = nonce()
+            reply, _exc, took = client.attempt(SLOW, {"nonce": n, "ms": REQUEST_TIMEOUT_MS + 100})
+            assert reply is None or reply.get("nonce") == n, (
+                f"CTL-5: a request to {SLOW} returned {reply!r:.80}, the reply to another request")
             assert reply is None, (
                 f"CTL-4: a request whose handler takes {REQUEST_TIMEOUT_MS + 100} ms returned "
                 f"{reply!r:.80} despite the {REQUEST_TIMEOUT_MS} ms request timeout")
