@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import msgspec
 import zmq
@@ -492,7 +492,7 @@ class Rig:
         if errors:
             raise errors[0]
 
-    def __enter__(self) -> Rig:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
