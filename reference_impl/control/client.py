@@ -29,6 +29,7 @@ send its ``register`` request by itself, before the caller's next request
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -52,6 +53,9 @@ from reference_impl.control.interface import (
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 _instances = itertools.count()
+# Plain ints: pyzmq's enum arithmetic costs microseconds per call on the hot path.
+_EVENTS, _POLLIN, _NOBLOCK, _RCVTIMEO = (int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK),
+                                         int(zmq.RCVTIMEO))
 
 
 class ControlClient:
@@ -112,6 +116,7 @@ class ControlClient:
         self.rebuilds = 0
         self.registrations = 0
         self._awaiting: int | None = None
+        self._rcvtimeo = -1
         self._answer: Message | None = None
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] | None = None
@@ -175,14 +180,22 @@ class ControlClient:
     def _io(self, wait_s: float) -> None:
         """Wait up to ``wait_s`` for a reply, take in replies and events, run due heartbeat work.
 
-        Only the DEALER is waited on; monitor events are read without waiting
-        (they only matter at the next heartbeat step, which bounds the wait).
+        The wait is a blocking receive with ``ZMQ_RCVTIMEO`` (the cheapest
+        wait pyzmq offers). Monitor events are read without waiting: they
+        only matter at the next heartbeat step, which bounds the wait.
         """
         sock, monitor = self._sock, self._monitor
         assert sock is not None and monitor is not None
         if wait_s > 0:
-            sock.poll(math.ceil(wait_s * 1000))
-        if _readable(sock):
+            timeout = math.ceil(wait_s * 1000)
+            if timeout != self._rcvtimeo:
+                sock.setsockopt(_RCVTIMEO, timeout)
+                self._rcvtimeo = timeout
+            with contextlib.suppress(zmq.Again):
+                self._take(sock.recv_multipart())
+            if self._answer is not None:
+                return  # the caller's reply: the rest waits for the next call
+        elif _readable(sock):
             self._drain_replies()
         if _readable(monitor):
             self._drain_monitor()
@@ -227,7 +240,7 @@ class ControlClient:
     def _send(self, rid: int, payload: bytes, *, quiet: bool = False) -> bool:
         assert self._sock is not None
         try:
-            self._sock.send_multipart([rid.to_bytes(8, "big"), b"", payload], zmq.NOBLOCK)
+            self._sock.send_multipart([rid.to_bytes(8, "big"), b"", payload], _NOBLOCK)
         except zmq.Again:
             if quiet:
                 return False
@@ -238,15 +251,17 @@ class ControlClient:
         sock = self._sock
         assert sock is not None
         while _readable(sock):
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-            if len(frames) != 3 or len(frames[0]) != 8 or frames[1] != b"":
-                continue  # not an answer to anything we sent
-            try:
-                reply = _DECODER.decode(frames[2])
-            except (msgspec.DecodeError, ValueError):
-                continue
-            if isinstance(reply, dict):
-                self._on_reply(int.from_bytes(frames[0], "big"), reply)
+            self._take(sock.recv_multipart(_NOBLOCK))
+
+    def _take(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[0]) != 8 or frames[1] != b"":
+            return  # not an answer to anything we sent
+        try:
+            reply = _DECODER.decode(frames[2])
+        except (msgspec.DecodeError, ValueError):
+            return
+        if isinstance(reply, dict):
+            self._on_reply(int.from_bytes(frames[0], "big"), reply)
 
     def _on_reply(self, rid: int, reply: Message) -> None:
         """Route one reply by its request id; anything unmatched is stale and dropped."""
@@ -291,6 +306,7 @@ class ControlClient:
         monitor.connect(address)
         sock.connect(self.endpoint)
         self._sock, self._monitor = sock, monitor
+        self._rcvtimeo = -1
 
     def _close_sockets(self) -> None:
         # The monitored socket first: closing the monitor's reader first can hang teardown.
@@ -328,4 +344,4 @@ def _encode_request(kind: str, body: Mapping[str, Any]) -> bytes:
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:
     """A message is waiting (``ZMQ_EVENTS``: no exception, no system call)."""
-    return bool(cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN)
+    return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)
