@@ -232,7 +232,7 @@ class ControlClient:
         """
         self._alive = False
         if self._awaiting is None:
-            self._rebuild()
+            self._rebuild(carry_ping=False)
         else:
             self._ping = None
         self._next_ping_at = time.monotonic()
@@ -317,13 +317,23 @@ class ControlClient:
             self._monitor.close(linger=0)
             self._monitor = None
 
-    def _rebuild(self) -> None:
-        """Lazy pirate: a fresh socket; whatever was queued or in flight is abandoned."""
+    def _rebuild(self, *, carry_ping: bool = True) -> None:
+        """Lazy pirate: a fresh socket; whatever was queued or in flight is abandoned.
+
+        A PING in flight is lost with the socket, but its deadline is not:
+        a replacement goes out at once on the new socket and inherits the
+        lost one's send time, so a rebuild never postpones detection (CTL-5).
+        """
+        lost = self._ping if carry_ping else None
         self._close_sockets()
         self._ping = None
         self._registration = None
         self.rebuilds += 1
         self._open()
+        if lost is not None:
+            rid = next(self._ids)
+            if self._send(rid, _PING_PAYLOAD, quiet=True):
+                self._ping = (rid, lost[1])
 
 
 _PING_PAYLOAD = _ENCODER.encode({"type": PING})
