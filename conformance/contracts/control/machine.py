@@ -37,6 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from conformance import profiles
 from conformance.contracts.control.harness import (
     ECHO,
     FAIL,
@@ -291,3 +292,10 @@ def _first_assertion(exc: BaseException) -> AssertionError | None:
         if found is not None:
             return found
     return None
+
+
+def machine_settings() -> Settings:
+    """Half the profile's examples and steps: each step waits on the network."""
+    profile = profiles.active()
+    return profiles.suite_settings(max_examples=max(4, profile.max_examples // 2),
+                                   stateful_step_count=max(8, profile.stateful_step_count // 2))

@@ -8,7 +8,14 @@ import pytest
 
 from chaos.proxy import Toxiproxy
 from conformance.contracts.control.faults import ChaosRig
+from conformance.contracts.control.fixtures import control_spec
 from conformance.contracts.control.spec import ControlSpec
+
+__all__ = ["chaos_rig", "control_spec"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ctl_clause(*ids): control-channel clauses")
 
 
 @pytest.fixture

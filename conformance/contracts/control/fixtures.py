@@ -1,4 +1,4 @@
-"""Fixtures of the control-channel suite: the implementation under test."""
+"""Fixtures of the control suites: the implementation under test (``control_spec``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from conformance.errors import ConfigError
 
 #: Environment variable naming the implementation (``MODULE:ATTR``) until an option does.
 ENV_TARGET = "ZMQ_CONFORMANCE_CONTROL"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ctl_clause(*ids): control-channel clauses")
 
 
 @pytest.fixture(scope="session")

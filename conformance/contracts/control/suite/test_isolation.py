@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 
 import msgspec
-import pytest
 
 from conformance.contracts.control.harness import (
     ECHO,
@@ -25,6 +24,7 @@ from conformance.contracts.control.harness import (
     nonce,
     rig,
 )
+from conformance.contracts.control.marks import clause
 from conformance.contracts.control.spec import ControlSpec
 from conformance.harness import scaled
 
@@ -52,7 +52,7 @@ def _policy_bound(spec: ControlSpec) -> float:
     return _BOUND_MS[spec.capabilities.head_of_line]
 
 
-@pytest.mark.clause("CTL-7")
+@clause("CTL-7")
 def test_ctl7_slow_handler_delays_others_only_by_policy(
     control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -71,7 +71,7 @@ def test_ctl7_slow_handler_delays_others_only_by_policy(
         r.check()
 
 
-@pytest.mark.clause("CTL-7")
+@clause("CTL-7")
 def test_ctl7_client_vanishing_mid_request_costs_nothing(control_spec: ControlSpec) -> None:
     control_spec.require("server", "CTL-7")
     with rig(control_spec) as r:
@@ -90,7 +90,7 @@ def test_ctl7_client_vanishing_mid_request_costs_nothing(control_spec: ControlSp
         r.check()
 
 
-@pytest.mark.clause("CTL-7")
+@clause("CTL-7")
 def test_ctl7_client_that_never_reads_cannot_stall_the_server(
     control_spec: ControlSpec,
 ) -> None:
