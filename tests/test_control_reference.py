@@ -30,7 +30,9 @@ from reference_impl.control import (
     RequestTimeout,
 )
 
-_FAST: dict[str, Any] = {"heartbeat_ivl_ms": 100, "heartbeat_timeout_ms": 500, "request_timeout_ms": 400}
+_FAST: dict[str, Any] = {
+    "heartbeat_ivl_ms": 100, "heartbeat_timeout_ms": 500, "request_timeout_ms": 400,
+}
 
 
 @contextmanager
