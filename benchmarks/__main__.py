@@ -25,6 +25,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int], dict[str, int]]]] = {
     "suite": ("benchmarks.suite_cost", lambda r: {"repeats": max(1, r - 2)}),
     "detection": ("benchmarks.detection", lambda r: {"trials": max(5, r * 3)}),
     "proxy": ("benchmarks.proxy_overhead", lambda r: {"repeats": r}),
+    "control": ("benchmarks.control", lambda r: {"repeats": r}),
 }
 SECTIONS = tuple(_SECTIONS)
 

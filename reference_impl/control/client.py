@@ -53,6 +53,8 @@ from reference_impl.control.interface import (
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 _instances = itertools.count()
+#: Longest gap between two looks at the socket monitor inside request().
+_EVENTS_EVERY_S = 0.005
 # Plain ints: pyzmq's enum arithmetic costs microseconds per call on the hot path.
 _EVENTS, _POLLIN, _NOBLOCK, _RCVTIMEO = (int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK),
                                          int(zmq.RCVTIMEO))
@@ -117,6 +119,7 @@ class ControlClient:
         self.registrations = 0
         self._awaiting: int | None = None
         self._rcvtimeo = -1
+        self._events_due = 0.0
         self._answer: Message | None = None
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] | None = None
@@ -139,7 +142,15 @@ class ControlClient:
         if self._closed:
             raise ClientClosed(f"request({type!r}) on a closed ControlClient")
         payload = _encode_request(type, body)
-        self._io(0)
+        now = time.monotonic()
+        if now >= self._events_due:
+            # Socket events (a reconnection to register on) at most every few
+            # milliseconds: back-to-back requests skip the system call.
+            self._events_due = now + _EVENTS_EVERY_S
+            assert self._monitor is not None
+            if _readable(self._monitor):
+                self._drain_monitor()
+        self._housekeeping(now)
         rid = next(self._ids)
         self._awaiting, self._answer = rid, None
         try:
