@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import threading
@@ -150,8 +151,8 @@ def detection(trials: int, progress: Callable[[str], None]) -> dict[str, Any]:
             with ChaosRig(spec, toxiproxy) as rig:
                 rig.start_server()
                 client = rig.client()
-                rig.wait_until(lambda c=client: c.attempt(ECHO, {"nonce": 0})[0] is not None,
-                               timeout=5, what="a first request")
+                rig.wait_until(functools.partial(_answers, client, ECHO), timeout=5,
+                               what="a first request")
                 rig.drive(0.3, tick=[client])
                 fault = rig.partition()
                 while client.alive and time.monotonic() < fault.in_place_at + 3:
@@ -169,6 +170,10 @@ def detection(trials: int, progress: Callable[[str], None]) -> dict[str, Any]:
         "ratio": Spread.of(ratios).as_dict(),
         "target_ratio": [1.0, 1.0 + HEARTBEAT_IVL_MS / HEARTBEAT_TIMEOUT_MS],
     }
+
+
+def _answers(client: Any, kind: str) -> bool:
+    return client.attempt(kind, {"nonce": 0})[0] is not None
 
 
 def _suite_command(chaos: bool) -> list[str]:
