@@ -20,6 +20,7 @@ Suite values: heartbeat interval 100 ms, timeout 500 ms, request timeout
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -63,6 +64,7 @@ _REBIND_WINDOW_S = 3.0
 
 ECHO, SLOW, FAIL, BAD, REGISTER = "ZMQC_ECHO", "ZMQC_SLOW", "ZMQC_FAIL", "ZMQC_BAD", "ZMQC_REGISTER"
 
+_CLAUSE = re.compile(r"CTL-\d+")
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 _nonces = itertools.count(1)
@@ -458,6 +460,12 @@ class Rig:
             if result:
                 return result
             if time.monotonic() >= deadline:
+                # A clause named at the start of ``what`` leads the message (the verdict
+                # blames the clause a message starts with).
+                clause, sep, rest = what.partition(": ")
+                if sep and _CLAUSE.fullmatch(clause):
+                    raise AssertionError(
+                        f"{clause}: timed out after {timeout:.2f} s waiting for: {rest}")
                 raise AssertionError(f"timed out after {timeout:.2f} s waiting for: {what}")
             for client in clients:
                 client.tick()

@@ -279,7 +279,7 @@ def test_ctl6_restart_after_an_outage_and_an_immediate_request(
         r.stop_server()
         r.wait_until(lambda: not client.alive, tick=[client],
                      timeout=(HEARTBEAT_TIMEOUT_MS + HEARTBEAT_IVL_MS + SLACK_MS) / 1000 + 0.5,
-                     what="the client to mark the stopped server dead")
+                     what="CTL-5: the client to mark the stopped server dead")
         r.start_server()
         gen = r.generation
         _recovers(r, client, "CTL-6", "the next request after the server came back")

@@ -58,10 +58,17 @@ def _expect_error(reply: Any, clause: str, what: str) -> str:
 
 
 def _still_serving(r: Rig, clause: str) -> None:
-    """A PING from a fresh peer still succeeds and the serve loop is alive."""
+    """A request from a fresh peer still succeeds and the serve loop is alive.
+
+    The probe is the suite's own ``ZMQC_ECHO``, not ``PING``: a missing PING
+    handler is CTL-1's failure, not this clause's.
+    """
     r.check()
-    reply = r.wire().ask({"type": "PING"}, _REPLY_S)
-    _expect_success(reply, clause, "PING after the bad requests (the server must keep serving)")
+    n = nonce()
+    reply = r.wire().ask({"type": ECHO, "nonce": n}, _REPLY_S)
+    got = _expect_success(reply, clause, f"{ECHO} after the bad requests (the server must keep "
+                                         "serving)")
+    assert got.get("nonce") == n, f"{clause}: {ECHO} got another request's reply {got!r:.80}"
     r.check()
 
 
@@ -177,8 +184,8 @@ def test_ctl2_unknown_type_from_a_req_socket_is_answered(control_spec: ControlSp
         err = _expect_error(peer.ask({"type": "NO_SUCH_TYPE"}, _REPLY_S), "CTL-2",
                             "unknown type from a REQ socket")
         assert err, "CTL-2: the error reply's text is empty"
-        _expect_success(peer.ask({"type": "PING"}, _REPLY_S), "CTL-2",
-                        "PING on the same REQ socket after the error reply")
+        _expect_success(peer.ask({"type": ECHO, "nonce": 1}, _REPLY_S), "CTL-2",
+                        f"{ECHO} on the same REQ socket after the error reply")
         _still_serving(r, "CTL-2")
 
 
@@ -192,7 +199,7 @@ def test_ctl2_no_delimiter_and_raw_tcp_garbage(control_spec: ControlSpec) -> Non
         with socket.create_connection(("127.0.0.1", r.port), timeout=2) as raw:
             raw.sendall(b"\xff" * 64 + b"GET / HTTP/1.0\r\n\r\n")
             peer = r.wire()
-            peer.send([_encode({"type": "PING"})])
+            peer.send([_encode({"type": ECHO})])
             got = peer.recv(_REPLY_S)
             _expect_error(None if got is None else _decode_last(got), "CTL-2",
                           "a single frame without the empty delimiter")
