@@ -20,8 +20,8 @@ from conformance.spec import SUITE_HEARTBEAT_TIMEOUT_MS as TIMEOUT_MS
 
 
 def _trial(spec: Any, toxiproxy: Any) -> list[float]:
-    from chaos.suite._support import watch_deaths
     from chaos.topology import ChaosCluster
+    from conformance.contracts.p2p.chaos_suite._support import watch_deaths
     from conformance.harness import handshake, receive
 
     with ChaosCluster(spec, toxiproxy) as cluster:

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance import profiles, selection, xfail
+from conformance import contracts, profiles, selection, xfail
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
-from conformance.spec import ENV_TRANSPORT, spec_from_path
+from conformance.spec import ENV_TRANSPORT, contract_spec_from_path
 from conformance.verdicts import ClauseVerdict, RunReport, exit_status
 
 PROG = "zmq-conformance"
@@ -46,7 +46,8 @@ _SELF_CHECK = "self-check"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Conformance suite for ZeroMQ peer-to-peer control transports.",
+        description="Conformance suite for the ZeroMQ channels of LLM serving, one contract "
+        f"per channel ({', '.join(contracts.CONTRACTS)}).",
         epilog="Exit status: 0 all clauses pass (or xfail/skip), 1 a clause failed, was "
         "blocked or xpassed, 2 usage/configuration error, 3 the suite could not run.",
     )
@@ -54,9 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run the suite against a transport",
                               description="Run the suite. Arguments after '--' go to pytest.")
+    run.add_argument("--contract", metavar="NAME", default=None,
+                     help=f"the contract to check: {', '.join(contracts.CONTRACTS)} (default "
+                          f"{contracts.DEFAULT_CONTRACT})")
     run.add_argument("--transport", metavar="MODULE:ATTR",
-                     help=f"transport factory (default: ${ENV_TRANSPORT}, then the pytest ini "
-                          "option zmq_transport, then reference_impl:ZmqTransport)")
+                     help=f"factory of the implementation under test, shaped as the contract "
+                          f"needs (default: ${ENV_TRANSPORT}, then the pytest ini option "
+                          "zmq_transport, then the contract's reference)")
     run.add_argument("--profile", default=None, choices=None, metavar="NAME",
                      help=f"depth profile: {', '.join(profiles.PROFILES)} "
                           f"(default {profiles.DEFAULT_PROFILE})")
@@ -80,8 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pytest_args", nargs=argparse.REMAINDER,
                      help="after '--': extra pytest arguments")
 
-    lister = commands.add_parser("list", help="list every clause with its requirement")
+    lister = commands.add_parser("list", help="list every clause with its requirement, "
+                                             "grouped by contract")
     lister.add_argument("--json", action="store_true", help="print the clauses as JSON")
+    lister.add_argument("--contract", metavar="NAME", default=None,
+                        help="only this contract's clauses")
     commands.add_parser(
         _SELF_CHECK, add_help=False,
         help="run the suite against the mutant catalog (see 'self-check --help')",
@@ -110,7 +118,12 @@ def _main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "list":
-        return _list(as_json=args.json)
+        try:
+            chosen = [contracts.get(args.contract)] if args.contract else None
+        except ConfigError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        return _list(as_json=args.json, chosen=chosen)
     try:
         pytest_args, json_path, cleanup = _pytest_args(args)
     except ConfigError as exc:
@@ -123,19 +136,28 @@ def _main(argv: list[str]) -> int:
             cleanup.cleanup()
 
 
-def _list(*, as_json: bool) -> int:
+def _list(*, as_json: bool, chosen: Sequence[contracts.Contract] | None = None) -> int:
+    """Print the clauses, contract by contract (JSON: flat by ID, each naming its contract)."""
+    shown = list(chosen or contracts.CONTRACTS.values())
     if as_json:
         data = {
-            cid: {"title": c.title, "requirement": c.requirement, "chaos": c.chaos}
-            for cid, c in CLAUSES.items()
+            cid: {"title": c.title, "requirement": c.requirement, "chaos": c.chaos,
+                  "contract": contract.name}
+            for contract in shown
+            for cid, c in contract.clauses.items()
         }
         print(json.dumps(data, indent=2))
         return 0
-    for clause in CLAUSES.values():
-        marker = "  [chaos]" if clause.chaos else ""
-        print(f"{clause.id:7} {clause.title}{marker}")
-        for line in textwrap.wrap(clause.requirement, width=88):
-            print(f"        {line}")
+    for index, contract in enumerate(shown):
+        if index:
+            print()
+        print(f"== {contract.name}: {contract.title}")
+        print(f"   reference {contract.default_factory}; factory {contract.factory_shape}")
+        for clause in contract.clauses.values():
+            marker = "  [chaos]" if clause.chaos else ""
+            print(f"{clause.id:7} {clause.title}{marker}")
+            for line in textwrap.wrap(clause.requirement, width=88):
+                print(f"        {line}")
     return 0
 
 
@@ -144,6 +166,9 @@ def _pytest_args(
 ) -> tuple[list[str], Path, tempfile.TemporaryDirectory[str] | None]:
     """Validate the options and translate them into the plugin's; ConfigError on bad input."""
     out = ["--zmq-conformance-only"]
+    contract = contracts.get(args.contract or contracts.DEFAULT_CONTRACT)
+    if args.contract is not None:
+        out += ["--zmq-contract", contract.name]
     if args.profile is not None:
         if args.profile not in profiles.PROFILES:
             raise ConfigError(
@@ -151,15 +176,17 @@ def _pytest_args(
                 f"{', '.join(profiles.PROFILES)}"
             )
         out += ["--zmq-profile", args.profile]
-    overrides = selection.parse_capabilities([], args.capability)
+    overrides = selection.parse_capabilities([], args.capability,
+                                             kind=contract.capability_type())
     for item in args.capability:
         out += ["--zmq-capability", item]
     if args.transport is not None:
-        spec_from_path(args.transport, overrides=overrides, option="--transport")
+        contract_spec_from_path(contract, args.transport, overrides=overrides,
+                                option="--transport")
         out += ["--zmq-transport", args.transport]
     elif os.environ.get(ENV_TRANSPORT):
-        spec_from_path(os.environ[ENV_TRANSPORT], overrides=overrides,
-                                 option=ENV_TRANSPORT)
+        contract_spec_from_path(contract, os.environ[ENV_TRANSPORT], overrides=overrides,
+                                option=ENV_TRANSPORT)
     if args.xfail_file:
         xfail.load(args.xfail_file, option="--xfail-file")
         out += ["--zmq-xfail-file", args.xfail_file]
@@ -245,6 +272,7 @@ def _read_report(path: Path) -> RunReport | None:
         transport=str(data.get("transport")), profile=str(data.get("profile")),
         seed=data.get("seed"), clauses=verdicts,
         warnings=[str(w) for w in data.get("warnings", [])],
+        contract=str(data.get("contract", contracts.DEFAULT_CONTRACT)),
     )
 
 

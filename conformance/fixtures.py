@@ -8,16 +8,18 @@ from typing import Any
 import pytest
 
 from conformance.errors import ConfigError
-from conformance.selection import configured_capabilities, spec_from_config
-from conformance.spec import TransportSpec, make_spec
+from conformance.selection import configured_capabilities, configured_contract, spec_from_config
+from conformance.spec import TransportSpec, check_fits
 
 
 @pytest.fixture
 def zmq_transport_factory() -> Callable[..., Any] | TransportSpec | None:
     """Override in your ``conftest.py`` to test your transport.
 
-    Return a callable ``factory(local_id, host, port)`` (or a ready
-    :class:`~conformance.spec.TransportSpec`); it beats every command-line,
+    Return a callable factory of the session's contract (``p2p``:
+    ``factory(local_id, host, port)``, see ``docs/contracts.md`` for the
+    others) or a ready spec (a :class:`~conformance.spec.TransportSpec` for
+    ``p2p``); it beats every command-line,
     ini and environment setting. Capabilities given with
     ``--zmq-capability``/``zmq_capabilities`` still apply to a callable.
     The default ``None`` means "use the configured transport".
@@ -33,24 +35,42 @@ def zmq_transport_factory() -> Callable[..., Any] | TransportSpec | None:
 def zmq_transport_spec(
     request: pytest.FixtureRequest,
     zmq_transport_factory: Callable[..., Any] | TransportSpec | None,
-) -> TransportSpec:
-    """The transport under test with its declared capabilities.
+) -> Any:
+    """The implementation under test of the session's contract, with its capabilities
+    (for ``p2p`` a :class:`TransportSpec`).
 
     A configuration error fails the test with a one-line message naming the
-    setting (the plugin already validated the configured transport at start
-    when the suite was opted in).
+    setting (the plugin already validated the configured implementation at
+    start when the suite was opted in).
+    """
+    return contract_spec(request, zmq_transport_factory, None)
+
+
+def contract_spec(
+    request: pytest.FixtureRequest,
+    override: Callable[..., Any] | Any | None,
+    contract: str | None,
+) -> Any:
+    """The spec a suite of ``contract`` (``None``: the session's) tests.
+
+    ``override`` is the user's ``zmq_transport_factory``: it applies when
+    ``contract`` is the session's contract. Family fixtures call this.
     """
     try:
-        if zmq_transport_factory is None:
-            return spec_from_config(request.config)
-        if isinstance(zmq_transport_factory, TransportSpec):
-            spec = zmq_transport_factory
-        else:
-            spec = make_spec(
-                zmq_transport_factory,
+        session = configured_contract(request.config)
+        if override is None or (contract is not None and contract != session.name):
+            return spec_from_config(request.config, contract)
+        if callable(override) and not isinstance(override, TransportSpec):
+            module = getattr(override, "__module__", "?")
+            name = f"{module}:{getattr(override, '__qualname__', '?')}"
+            check_fits(override, session, path=name, option="zmq_transport_factory")
+            spec = session.spec_builder()(
+                override,
                 overrides=configured_capabilities(request.config),
                 origin="--zmq-capability",
             )
+        else:
+            spec = override
     except ConfigError as exc:
         pytest.fail(str(exc), pytrace=False)
     request.node.user_properties.append(("zmq_transport", f"fixture {spec.name}"))

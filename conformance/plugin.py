@@ -10,9 +10,12 @@ Opt-in: the suite runs only when the session asks for it, with
 ``--zmq-conformance`` (suite in addition to the session's own tests),
 ``--zmq-conformance-only`` (the suite alone), ``--zmq-transport`` on the
 command line (implies ``--zmq-conformance``), or the ini option
-``zmq_conformance = true``. The plugin then appends the suite's directory
+``zmq_conformance = true``. ``--zmq-contract NAME`` (ini ``zmq_contract``)
+picks the contract (:mod:`conformance.contracts`; default ``p2p``) and with
+it the suite. The plugin then appends the suite's directory
 to the collection arguments, unless the arguments already cover it, so the
-suite never runs twice. ``--zmq-chaos`` adds the ``chaos.suite`` package and
+suite never runs twice. ``--zmq-chaos`` adds the contract's chaos suite
+(``conformance.contracts.p2p.chaos_suite`` for ``p2p``) and
 registers the ``chaos.fixtures`` plugin (the ``toxiproxy`` fixture).
 
 Data crosses from the process running a test (an xdist worker, or the same
@@ -35,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from conformance import profiles, selection, xfail
+from conformance import contracts, profiles, selection, xfail
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
@@ -69,6 +72,7 @@ class _State:
     only: bool = False
     chaos: bool = False
     profile: str = profiles.DEFAULT_PROFILE
+    contract: str = contracts.DEFAULT_CONTRACT
     transport: str | None = None
     suite_dirs: list[Path] = field(default_factory=list)
     xfail_entries: list[xfail.XfailEntry] = field(default_factory=list)
@@ -93,10 +97,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--zmq-conformance-only", action="store_true", default=False,
                     help="run only the conformance suite (other collection arguments are "
                          "dropped unless they point into the suite)")
+    group.addoption("--zmq-contract", metavar="NAME", default=None,
+                    help=f"the contract to check: {', '.join(contracts.CONTRACTS)} (default: "
+                         f"ini zmq_contract or {contracts.DEFAULT_CONTRACT})")
     group.addoption("--zmq-transport", metavar="MODULE:ATTR", default=None,
-                    help="factory of the transport under test (implies --zmq-conformance); "
-                         "default: ini zmq_transport, $ZMQ_CONFORMANCE_TRANSPORT, "
-                         "reference_impl:ZmqTransport")
+                    help="factory of the implementation under test, shaped as the contract "
+                         "needs (implies --zmq-conformance); default: ini zmq_transport, "
+                         "$ZMQ_CONFORMANCE_TRANSPORT, the contract's reference")
     group.addoption("--zmq-capability", metavar="NAME=VALUE", action="append", default=[],
                     help="declare a capability of the transport (repeatable), e.g. "
                          "heartbeat_ivl_ms=1000")
@@ -118,7 +125,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write per-clause verdicts as a Markdown report")
     parser.addini("zmq_conformance", "run the conformance suite in every session",
                   type="bool", default=False)
-    parser.addini("zmq_transport", "MODULE:ATTR of the transport under test", default="")
+    parser.addini("zmq_contract", "the contract to check (default p2p)", default="")
+    parser.addini("zmq_transport", "MODULE:ATTR of the implementation under test", default="")
     parser.addini("zmq_capabilities", "capabilities of the transport, one NAME=VALUE per line",
                   type="linelist", default=[])
     parser.addini("zmq_profile", "depth profile of the suite (ci, dev, thorough)", default="")
@@ -159,16 +167,20 @@ def _configure(config: pytest.Config) -> _State:
         or config.getini("zmq_conformance")
     )
     state.chaos = bool(config.getoption("zmq_chaos"))
+    state.contract = selection.configured_contract(config).name
     state.xfail_entries, state.xfail_origin = _load_xfail(config)
     if state.opted_in:
         spec = selection.spec_from_config(config)
         state.transport = spec.name
         explicit = config.getoption("zmq_suite") or []
         state.suite_dirs = selection.suite_paths(
-            chaos=state.chaos, explicit=explicit, base=config.invocation_params.dir
+            chaos=state.chaos, explicit=explicit, base=config.invocation_params.dir,
+            contract=state.contract,
         )
         if not state.suite_dirs:
-            raise ConfigError("--zmq-conformance: the suite package conformance.suite is missing")
+            raise ConfigError(
+                f"--zmq-conformance: the suite of contract {state.contract!r} is missing"
+            )
         if state.chaos:
             _load_plugin(config, selection.CHAOS_FIXTURES, "--zmq-chaos")
         _extend_args(config, state)
@@ -298,7 +310,7 @@ def pytest_collection_modifyitems(
             item.user_properties.append(("zmq_chaos", "1"))
         tagged.append((item, ids))
     _apply_xfail(config, state, tagged)
-    suite_dirs = state.suite_dirs or _builtin_suite_dirs()
+    suite_dirs = state.suite_dirs or _builtin_suite_dirs(state.contract)
     if not state.chaos and suite_dirs:
         held = [
             item for item, _ in tagged
@@ -312,9 +324,9 @@ def pytest_collection_modifyitems(
             config.hook.pytest_deselected(items=held)
 
 
-def _builtin_suite_dirs() -> list[Path]:
+def _builtin_suite_dirs(contract: str) -> list[Path]:
     try:
-        return selection.suite_paths(chaos=False)
+        return selection.suite_paths(chaos=False, contract=contract)
     except ConfigError:
         return []
 
@@ -495,7 +507,8 @@ def build_report(config: pytest.Config, state: _State) -> RunReport:
     seed: Any = config.getoption("hypothesis_seed", None)
     if isinstance(seed, str) and seed.isdigit():
         seed = int(seed)
-    context = ReplayContext(None if state.fixture_transport else transport, state.profile, seed)
+    context = ReplayContext(None if state.fixture_transport else transport, state.profile, seed,
+                            contract=state.contract)
     narrowed = [
         f"{flag} {expr!r}"
         for flag, expr in (("-k", config.option.keyword), ("-m", config.option.markexpr))
@@ -504,10 +517,11 @@ def build_report(config: pytest.Config, state: _State) -> RunReport:
     no_test = f"no test selected ({', '.join(narrowed)})" if narrowed else NO_TEST_REASON
     verdicts = aggregate(
         state.results.values(), context=context, chaos_enabled=state.chaos,
-        no_test_reason=no_test,
+        clauses=contracts.CONTRACTS[state.contract].clauses, no_test_reason=no_test,
     )
     return RunReport(
         transport=transport, profile=state.profile, seed=seed, clauses=verdicts,
+        contract=state.contract,
         warnings=_xfail_warnings(config, state),
     )
 
@@ -519,7 +533,8 @@ def _xfail_warnings(config: pytest.Config, state: _State) -> list[str]:
 def _summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
     """A short per-clause block at the end of the terminal output."""
     seed = "random" if report.seed is None else report.seed
-    tr.section(f"zmq-conformance: {report.transport} (profile {report.profile}, seed {seed})")
+    tr.section(f"zmq-conformance: contract {report.contract}, {report.transport} "
+               f"(profile {report.profile}, seed {seed})")
     chaos_skipped = 0
     untested: dict[str, list[str]] = {}  # reason -> clause IDs
     for verdict in report.ordered():

@@ -1,7 +1,7 @@
 """Writing a :class:`~conformance.verdicts.RunReport` as JSON, JUnit XML and Markdown.
 
-* JSON: ``{"transport", "profile", "seed", "counts", "clauses": {ID: {...}}}``,
-  one entry per clause of the registry (see ``docs/usage.md`` for the fields).
+* JSON: ``{"contract", "transport", "profile", "seed", "counts", "clauses":
+  {ID: {...}}}``, one entry per clause of the contract (see ``docs/usage.md`` for the fields).
 * JUnit XML: one ``<testsuite name="zmq-conformance">``, one ``<testcase>`` per
   clause; ``failed``, ``blocked`` and ``xpassed`` clauses carry a ``<failure>``
   (its ``type`` is the verdict), ``skipped`` and ``xfailed`` ones a
@@ -53,6 +53,7 @@ def render_junit(report: RunReport) -> str:
     )
     props = ET.SubElement(suite, "properties")
     for name, value in (
+        ("contract", report.contract),
         ("transport", report.transport),
         ("profile", report.profile),
         ("seed", "" if report.seed is None else str(report.seed)),
@@ -93,7 +94,8 @@ def render_markdown(report: RunReport) -> str:
     lines = [
         "# zmq-conformance report",
         "",
-        f"Transport `{report.transport}`, profile `{report.profile}`, seed `{seed}`: "
+        f"Contract `{report.contract}`, implementation `{report.transport}`, "
+        f"profile `{report.profile}`, seed `{seed}`: "
         f"**{'FAIL' if report.failed else 'PASS'}** ({summary}).",
         "",
         "| Clause | Verdict | Title | Tests | Time |",

@@ -4,10 +4,15 @@ Both faces use this module: the pytest plugin reads the values from the pytest
 configuration, the CLI from its own arguments, and both resolve them with the
 same plain functions.
 
-Transport precedence (highest first): a ``zmq_transport_factory`` fixture the
-user overrides (handled in :mod:`conformance.fixtures`); ``--zmq-transport
-MODULE:ATTR``; the ``zmq_transport`` ini option; the
-``ZMQ_CONFORMANCE_TRANSPORT`` environment variable; the reference transport.
+The contract (:mod:`conformance.contracts`) comes from ``--zmq-contract
+NAME``, then the ``zmq_contract`` ini option, then ``p2p``. The
+implementation under test is the configured contract's; a suite of another
+contract (collected by hand) tests that contract's reference.
+
+Implementation precedence (highest first): a ``zmq_transport_factory``
+fixture the user overrides (handled in :mod:`conformance.fixtures`);
+``--zmq-transport MODULE:ATTR``; the ``zmq_transport`` ini option; the
+``ZMQ_CONFORMANCE_TRANSPORT`` environment variable; the contract's reference.
 
 Capabilities a transport cannot declare itself come from the ini option
 ``zmq_capabilities`` (one ``name=value`` per line) and the repeatable option
@@ -24,36 +29,32 @@ from typing import Any
 
 import pytest
 
+from conformance import contracts
+from conformance.contracts import DEFAULT_CONTRACT, Contract
 from conformance.errors import ConfigError
 from conformance.spec import (
     DEFAULT_TRANSPORT,
     ENV_TRANSPORT,
     Capabilities,
-    TransportSpec,
-    spec_from_path,
+    contract_spec_from_path,
 )
 
-#: Packages whose directories hold the suite's tests.
-SUITE_PACKAGE = "conformance.suite"
-#: The chaos clause tests; collected only with ``--zmq-chaos``.
-CHAOS_SUITE_PACKAGES = ("chaos.suite",)
+#: Packages whose directories hold the default contract's tests.
+SUITE_PACKAGE = contracts.CONTRACTS[DEFAULT_CONTRACT].suite[0]
+#: Its chaos clause tests; collected only with ``--zmq-chaos``.
+CHAOS_SUITE_PACKAGES = contracts.CONTRACTS[DEFAULT_CONTRACT].chaos_suite
 #: Fixtures the chaos tests need (``toxiproxy``); registered with ``--zmq-chaos``.
 CHAOS_FIXTURES = "chaos.fixtures"
 
-_BOOL_FIELDS = frozenset(
-    f.name for f in dataclasses.fields(Capabilities) if f.type in ("bool", "bool | None")
-)
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Capabilities))
-_OPTIONAL_FIELDS = frozenset(
-    f.name for f in dataclasses.fields(Capabilities) if "None" in str(f.type)
-)
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
-_SPEC_KEY = pytest.StashKey["TransportSpec"]()
+_SPEC_KEY = pytest.StashKey[dict[str, Any]]()
 
 
-def choose_transport(option: str | None, ini: str | None, env: str | None) -> tuple[str, str]:
+def choose_transport(
+    option: str | None, ini: str | None, env: str | None, default: str = DEFAULT_TRANSPORT
+) -> tuple[str, str]:
     """Return ``(MODULE:ATTR, origin)`` by precedence; ``origin`` names the setting for errors."""
     if option:
         return option, "--zmq-transport"
@@ -61,32 +62,37 @@ def choose_transport(option: str | None, ini: str | None, env: str | None) -> tu
         return ini, "ini zmq_transport"
     if env:
         return env, ENV_TRANSPORT
-    return DEFAULT_TRANSPORT, "default transport"
+    return default, "default transport"
 
 
-def parse_capability(text: str, *, origin: str) -> tuple[str, Any]:
-    """Parse one ``name=value`` capability setting into a typed pair.
+def parse_capability(
+    text: str, *, origin: str, kind: type[Any] = Capabilities
+) -> tuple[str, Any]:
+    """Parse one ``name=value`` capability setting of dataclass ``kind`` into a typed pair.
 
     Boolean capabilities take ``true``/``false`` (also yes/no, on/off, 1/0);
-    the others take an integer or ``none``. Errors are one-line
-    :class:`ConfigError` naming ``origin`` and the value.
+    text ones any value; the others an integer or ``none``. Errors are
+    one-line :class:`ConfigError` naming ``origin`` and the value.
     """
+    types = {f.name: str(f.type) for f in dataclasses.fields(kind)}
     name, sep, raw = text.partition("=")
     name, raw = name.strip(), raw.strip()
     if not sep or not name:
         raise ConfigError(f"{origin}={text!r}: expected NAME=VALUE, e.g. heartbeat_ivl_ms=1000")
-    if name not in _FIELDS:
+    if name not in types:
         raise ConfigError(
-            f"{origin}={text!r}: unknown capability {name!r}; known: {', '.join(sorted(_FIELDS))}"
+            f"{origin}={text!r}: unknown capability {name!r}; known: {', '.join(sorted(types))}"
         )
     lowered = raw.lower()
-    if name in _BOOL_FIELDS:
+    if types[name].startswith("str"):
+        return name, raw
+    if types[name] in ("bool", "bool | None"):
         if lowered in _TRUE:
             return name, True
         if lowered in _FALSE:
             return name, False
         raise ConfigError(f"{origin}={text!r}: capability {name!r} must be true or false")
-    if lowered in ("none", "") and name in _OPTIONAL_FIELDS:
+    if lowered in ("none", "") and "None" in types[name]:
         return name, None
     try:
         return name, int(raw)
@@ -94,29 +100,32 @@ def parse_capability(text: str, *, origin: str) -> tuple[str, Any]:
         raise ConfigError(f"{origin}={text!r}: capability {name!r} must be an integer") from None
 
 
-def parse_capabilities(ini_lines: Iterable[str], options: Iterable[str]) -> dict[str, Any]:
+def parse_capabilities(
+    ini_lines: Iterable[str], options: Iterable[str], *, kind: type[Any] = Capabilities
+) -> dict[str, Any]:
     """Merge ini lines and command-line settings (the latter win) into checked overrides."""
     merged: dict[str, Any] = {}
     for origin, lines in (("zmq_capabilities", ini_lines), ("--zmq-capability", options)):
         for line in lines:
             if line.strip() and not line.strip().startswith("#"):
-                name, value = parse_capability(line, origin=origin)
+                name, value = parse_capability(line, origin=origin, kind=kind)
                 merged[name] = value
     # Validate the combination (types, positivity) once, naming the options.
-    Capabilities.from_mapping(
+    kind.from_mapping(
         {k: v for k, v in merged.items() if v is not None}, origin="capabilities"
     )
     return merged
 
 
 def suite_paths(
-    *, chaos: bool, explicit: Sequence[str] = (), base: Path | None = None
+    *, chaos: bool, explicit: Sequence[str] = (), base: Path | None = None,
+    contract: str = DEFAULT_CONTRACT,
 ) -> list[Path]:
     """The directories collected as the suite.
 
     ``explicit`` (``--zmq-suite``) replaces the built-in suite, relative to
-    ``base``. Otherwise the ``conformance.suite`` package, plus the chaos
-    packages that exist when ``chaos`` is set.
+    ``base``. Otherwise ``contract``'s suite packages, plus its chaos
+    packages when ``chaos`` is set.
     """
     if explicit:
         root = base or Path.cwd()
@@ -125,7 +134,8 @@ def suite_paths(
             if not path.exists():
                 raise ConfigError(f"--zmq-suite={str(path)!r}: no such file or directory")
         return paths
-    names = [SUITE_PACKAGE, *(CHAOS_SUITE_PACKAGES if chaos else ())]
+    chosen = contracts.get(contract)
+    names = [*chosen.suite, *(chosen.chaos_suite if chaos else ())]
     return [path for name in names for path in _package_dirs(name)]
 
 
@@ -141,29 +151,54 @@ def _package_dirs(name: str) -> list[Path]:
     return [Path(p).resolve() for p in module_spec.submodule_search_locations]
 
 
-def spec_from_config(config: pytest.Config) -> TransportSpec:
-    """The configured transport (cached per session); errors become usage errors."""
-    cached = config.stash.get(_SPEC_KEY, None)
-    if cached is not None:
-        return cached
-    spec = build_spec(config)
-    config.stash[_SPEC_KEY] = spec
-    return spec
+def configured_contract(config: pytest.Config) -> Contract:
+    """The contract of this session: ``--zmq-contract``, ini ``zmq_contract``, ``p2p``."""
+    option = config.getoption("zmq_contract", None)
+    if option:
+        return contracts.get(option, option="--zmq-contract")
+    ini = str(config.getini("zmq_contract") or "").strip()
+    if ini:
+        return contracts.get(ini, option="ini zmq_contract")
+    return contracts.CONTRACTS[DEFAULT_CONTRACT]
 
 
-def build_spec(config: pytest.Config) -> TransportSpec:
-    """Resolve the transport and capabilities of ``config``, raising :class:`ConfigError`."""
-    path, origin = configured_transport(config)
-    overrides = configured_capabilities(config)
-    return spec_from_path(path, overrides=overrides, option=origin)
+def spec_from_config(config: pytest.Config, contract: str | None = None) -> Any:
+    """The implementation under test for ``contract`` (default: the session's), cached
+    per session; errors are :class:`ConfigError`.
+
+    For the session's contract that is the configured implementation; for
+    another contract (its suite collected by hand) that contract's reference.
+    """
+    cache = config.stash.setdefault(_SPEC_KEY, {})
+    session = configured_contract(config)
+    name = contract or session.name
+    if name not in cache:
+        cache[name] = build_spec(config, contracts.get(name))
+    return cache[name]
+
+
+def build_spec(config: pytest.Config, contract: Contract | None = None) -> Any:
+    """Resolve the implementation and capabilities of ``config``, raising :class:`ConfigError`."""
+    session = configured_contract(config)
+    contract = contract or session
+    if contract.name == session.name:
+        path, origin = configured_transport(config)
+        overrides = configured_capabilities(config)
+    else:
+        path, origin, overrides = contract.default_factory, "default transport", {}
+    return contract_spec_from_path(contract, path, overrides=overrides, option=origin)
 
 
 def configured_transport(config: pytest.Config) -> tuple[str, str]:
     ini = str(config.getini("zmq_transport") or "").strip()
-    return choose_transport(config.getoption("zmq_transport"), ini, os.environ.get(ENV_TRANSPORT))
+    return choose_transport(
+        config.getoption("zmq_transport"), ini, os.environ.get(ENV_TRANSPORT),
+        default=configured_contract(config).default_factory,
+    )
 
 
 def configured_capabilities(config: pytest.Config) -> dict[str, Any]:
     ini_lines: list[str] = list(config.getini("zmq_capabilities") or [])
     options: list[str] = list(config.getoption("zmq_capability") or [])
-    return parse_capabilities(ini_lines, options)
+    kind = configured_contract(config).capability_type()
+    return parse_capabilities(ini_lines, options, kind=kind)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.contracts import CONTRACTS, Contract
 from conformance.errors import ConfigError
 
 #: Heartbeat values the suite passes to configurable transports: short enough
@@ -222,3 +223,35 @@ def spec_from_path(path: str, *, overrides: Mapping[str, Any] | None = None,
                    option: str = "--zmq-transport") -> TransportSpec:
     """Load ``MODULE:ATTR`` and build its spec."""
     return make_spec(load_factory(path, option=option), name=path, overrides=overrides)
+
+
+def check_fits(factory: Callable[..., Any], contract: Contract, *, path: str,
+               option: str) -> None:
+    """Raise :class:`ConfigError` when ``factory`` cannot be called the way ``contract``'s
+    suite calls it (a factory of another contract, usually).
+
+    Only the signature is checked; a factory without one (a builtin) passes.
+    """
+    args, kwargs = contract.probe
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{option}={path!r} does not fit the contract {contract.name!r}, whose suite calls "
+            f"{contract.factory_shape} ({exc}); pick the contract with --contract "
+            f"({', '.join(CONTRACTS)})"
+        ) from None
+
+
+def contract_spec_from_path(contract: Contract, path: str, *,
+                            overrides: Mapping[str, Any] | None = None,
+                            option: str = "--zmq-transport") -> Any:
+    """Load ``MODULE:ATTR``, check that it fits ``contract`` and build its spec."""
+    factory = load_factory(path, option=option)
+    check_fits(factory, contract, path=path, option=option)
+    return contract.spec_builder()(factory, name=path, overrides=overrides,
+                                   origin="--zmq-capability")

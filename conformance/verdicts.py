@@ -238,6 +238,8 @@ class RunReport:
     clauses: dict[str, ClauseVerdict]
     #: Configuration warnings of the run (e.g. xfail entries that matched nothing).
     warnings: list[str] = field(default_factory=list)
+    #: The contract checked (:mod:`conformance.contracts`).
+    contract: str = "p2p"
 
     @property
     def failed(self) -> bool:
@@ -260,6 +262,7 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "contract": self.contract,
             "transport": self.transport,
             "profile": self.profile,
             "seed": self.seed,
@@ -277,11 +280,15 @@ class ReplayContext:
     profile: str
     seed: int | str | None
     chaos: bool = False
+    contract: str = "p2p"
 
     def commands(self, k_expr: str) -> tuple[str, str]:
         """``(zmq-conformance command, pytest command)`` rerunning ``k_expr``."""
         cli = ["zmq-conformance", "run"]
         plain = ["pytest", "--zmq-conformance-only"]
+        if self.contract != "p2p":
+            cli += ["--contract", self.contract]
+            plain += ["--zmq-contract", self.contract]
         if self.transport:
             cli += ["--transport", self.transport]
             plain += ["--zmq-transport", self.transport]
@@ -374,7 +381,8 @@ def _verdict(
         if len(k_parts) == 1:
             k_expr = k_parts[0]
         chaos = clause.chaos or any(t.chaos for t in deciding)
-        ctx = ReplayContext(context.transport, context.profile, context.seed, chaos)
+        ctx = ReplayContext(context.transport, context.profile, context.seed, chaos,
+                            context.contract)
         result.replay, result.replay_pytest = ctx.commands(k_expr)
     return result
 

@@ -1,6 +1,6 @@
 """Defects planted in the reference transport that the catalog does not model.
 
-:mod:`conformance.selfcheck.transports` is the official mutant catalog; the
+:mod:`conformance.contracts.p2p.transports` is the official mutant catalog; the
 stateful machines' own proof (``tests/test_machines_find_defects.py``) reuses
 it and adds only what it lacks here, in the same style: one small subclass,
 the defect marked ``# MUTATION``.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from chaos.fixtures import toxiproxy, toxiproxy_reset
-from chaos.machine import ChaosModel
 from chaos.proxy import Toxiproxy
 from chaos.topology import ChaosCluster
+from conformance.contracts.p2p.chaos_machine import ChaosModel
 from conformance.harness import handshake, receive, wait_until
 from conformance.spec import TransportSpec, make_spec
 from reference_impl import ZmqTransport

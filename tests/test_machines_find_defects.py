@@ -1,9 +1,9 @@
 """The stateful machines find each planted defect (not only the example tests do).
 
-Each case runs :class:`~conformance.machines.ClusterMachine` against one
+Each case runs :class:`~conformance.contracts.p2p.machines.ClusterMachine` against one
 mutant of the reference transport with a fixed seed and asserts that the
 machine fails with the expected clause in the assertion message. Most mutants
-come from the official catalog (:mod:`conformance.selfcheck.transports`); the
+come from the official catalog (:mod:`conformance.contracts.p2p.transports`); the
 one it lacks is in ``tests/_machine_mutants.py``.
 
 ``hunt()`` is also what produces the numbers in ``docs/machines.md``
@@ -24,8 +24,8 @@ from _machine_mutants import DropsFirstMessageAfterRestart
 from hypothesis import Phase
 
 from conformance import profiles
-from conformance.machines import ClusterMachine, run_machine
-from conformance.selfcheck import transports as catalog
+from conformance.contracts.p2p import transports as catalog
+from conformance.contracts.p2p.machines import ClusterMachine, run_machine
 from conformance.spec import TransportSpec, make_spec
 
 

@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 
 from conformance.clauses import CLAUSES
+from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
+from conformance.contracts.p2p.mutants import CATALOG, FAILURE_MODES, RACY
 from conformance.errors import ConfigError
 from conformance.selfcheck import mutants as catalog_module
 from conformance.selfcheck import runner
 from conformance.selfcheck.mutants import (
-    CATALOG,
-    FAILURE_MODES,
-    RACY,
     Mutant,
     load_catalog,
     load_extra,
@@ -44,7 +43,7 @@ def test_every_clause_but_sec2_is_targeted() -> None:
     a transport that declares authentication, which the reference does not)."""
     targeted = {c for m in CATALOG for c in m.clauses}
     non_chaos_targeted = {c for m in NON_CHAOS for c in m.clauses}
-    for clause in CLAUSES.values():
+    for clause in P2P_CLAUSES.values():
         if clause.id == "SEC-2":
             continue
         assert clause.id in targeted, f"no mutant targets {clause.id}"
@@ -77,7 +76,7 @@ def test_every_factory_imports_and_derives_from_the_reference(mutant: Mutant) ->
 
 
 def test_every_mutant_class_is_in_the_catalog() -> None:
-    from conformance.selfcheck import transports
+    from conformance.contracts.p2p import transports
 
     listed = {m.factory.split(":")[1] for m in (*CATALOG, *RACY)}
     assert set(transports.__all__) == listed
@@ -85,7 +84,7 @@ def test_every_mutant_class_is_in_the_catalog() -> None:
 
 def test_mutant_source_marks_the_defect() -> None:
     """Each mutant class (or the class it plugs in) carries a ``# MUTATION`` line."""
-    source = (ROOT / "conformance" / "selfcheck" / "transports.py").read_text()
+    source = (ROOT / "conformance" / "contracts" / "p2p" / "transports.py").read_text()
     assert source.count("# MUTATION") >= len(CATALOG) + len(RACY)
 
 
@@ -96,9 +95,14 @@ def test_plugin_and_suite_never_import_selfcheck() -> None:
 
     probe = textwrap.dedent("""
         import importlib, pkgutil, sys
-        import conformance.plugin, conformance.suite
-        for info in pkgutil.walk_packages(conformance.suite.__path__, "conformance.suite."):
-            importlib.import_module(info.name)
+        import conformance.plugin
+        from conformance.contracts import CONTRACTS
+        for contract in CONTRACTS.values():
+            for name in (*contract.suite, *contract.chaos_suite):
+                package = importlib.import_module(name)
+                importlib.import_module(contract.make_spec.partition(":")[0])
+                for info in pkgutil.walk_packages(package.__path__, name + "."):
+                    importlib.import_module(info.name)
         loaded = sorted(m for m in sys.modules if m.startswith("conformance.selfcheck"))
         print(" ".join(loaded))
     """)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from conformance import profiles
+from conformance import contracts, profiles
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.selfcheck import clause_filter
@@ -145,6 +145,7 @@ class _Config:
     shrink_seconds: int
     run_args: tuple[str, ...]
     workdir: Path
+    contract: str = "p2p"
 
 
 def counterexample_steps(text: str | None) -> int:
@@ -176,6 +177,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
         sys.executable, "-m", "conformance.cli", "run",
         "--transport", factory, "--json", str(json_path),
         "--profile", config.profile, "--hypothesis-seed", str(config.seed), "-q",
+        "--contract", config.contract,
     ]
     if config.chaos:
         command.append("--chaos")
@@ -360,6 +362,7 @@ def to_json(results: Sequence[MutantResult], controls: Sequence[ControlResult], 
     return {
         "mutants": {r.mutant.name: r.to_json() for r in results},
         "controls": {c.factory: c.to_json() for c in controls},
+        "contract": config.contract,
         "profile": config.profile,
         "seed": config.seed,
         "chaos": config.chaos,
@@ -381,6 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", default=profiles.DEFAULT_PROFILE, metavar="NAME",
                         help=f"suite depth profile ({', '.join(profiles.PROFILES)}; "
                              f"default {profiles.DEFAULT_PROFILE})")
+    parser.add_argument("--contract", metavar="NAME", default=contracts.DEFAULT_CONTRACT,
+                        help=f"the contract whose catalog to check: "
+                             f"{', '.join(contracts.CONTRACTS)} (default "
+                             f"{contracts.DEFAULT_CONTRACT})")
     parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="write the kill matrix as Markdown")
     parser.add_argument("--chaos", action="store_true",
@@ -413,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _select(args: argparse.Namespace) -> list[Mutant]:
-    catalog = load_catalog(args.extra, builtin=not args.no_builtin)
+    contracts.get(args.contract)
+    catalog = load_catalog(args.extra, builtin=not args.no_builtin, contract=args.contract)
     if args.profile not in profiles.PROFILES:
         raise ConfigError(f"--profile={args.profile!r}: unknown profile; choose one of "
                           f"{', '.join(profiles.PROFILES)}")
@@ -455,8 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(args.keep_logs).resolve() if args.keep_logs else Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         config = _Config(args.profile, args.seed, args.chaos, args.run_timeout,
-                         args.shrink_seconds, run_args, workdir)
-        print(f"{PROG}: {len(selected)} mutant(s), profile {args.profile}, seed {args.seed}, "
+                         args.shrink_seconds, run_args, workdir, args.contract)
+        print(f"{PROG}: contract {args.contract}, {len(selected)} mutant(s), "
+              f"profile {args.profile}, seed {args.seed}, "
               f"{args.workers} at a time", flush=True)
         results, controls = run_selfcheck(selected, config, workers=args.workers,
                                           controls=not args.no_control, progress=sys.stdout)

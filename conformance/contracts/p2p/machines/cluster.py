@@ -3,7 +3,8 @@
 Every rule does something a session owning a node may do (connect, send,
 poll, mark a connection dead between polls, close it, reconnect inside the
 dead-but-registered window, restart a node on the same port, flap a peer, let
-a hostile peer send one frame), tells :class:`~conformance.machines.model.ClusterModel`
+a hostile peer send one frame), tells
+:class:`~conformance.contracts.p2p.machines.model.ClusterModel`
 what it did and checks what the implementation answered against it. All
 calls go through :mod:`conformance.harness` (watchdog-guarded); waiting is
 poll-driven with a deadline (:meth:`ClusterMachine.settle`).
@@ -40,10 +41,10 @@ from hypothesis.stateful import (
 )
 
 from conformance import resources
+from conformance.contracts.p2p.machines.model import ClusterModel, ConnModel, Violation
 from conformance.errors import CallBlocked
 from conformance.harness import Cluster, Connection, Node, is_address_in_use
 from conformance.hostile import HostilePeer
-from conformance.machines.model import ClusterModel, ConnModel, Violation
 from conformance.spec import TransportSpec
 from conformance.strategies import hostile_frames, hostile_identities, is_plausible_peer_id
 from conformance.strategies import messages as message_bodies

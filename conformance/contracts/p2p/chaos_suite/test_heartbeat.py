@@ -8,7 +8,8 @@ whatever layout the transport uses.
 
 Heartbeat values: configurable transports get the suite's (interval 100 ms,
 timeout 500 ms, TTL 500 ms); others must declare theirs, else the tests are
-skipped naming the capability. Bounds are stated in ``chaos.suite._support``:
+skipped naming the capability. Bounds are stated in
+``conformance.contracts.p2p.chaos_suite._support``:
 detection in ``[timeout - interval, timeout + interval + 250 ms + poll
 granularity]`` after the fault is in place, recovery within reconnect
 interval + handshake timeout + slack after the heal.
@@ -29,7 +30,8 @@ from typing import Any
 import pytest
 
 from chaos.faults import Fault
-from chaos.suite._support import (
+from chaos.topology import ChaosCluster
+from conformance.contracts.p2p.chaos_suite._support import (
     RECONNECT_IVL_MAX_MS,
     SLACK_MS,
     Deaths,
@@ -39,7 +41,6 @@ from chaos.suite._support import (
     heartbeat_for,
     watch_deaths,
 )
-from chaos.topology import ChaosCluster
 from conformance.harness import Connection, Node, handshake, receive, wait_inbound, wait_until
 from conformance.spec import TransportSpec
 

@@ -1,6 +1,6 @@
 """Stateful machines against the transport under test (CONN-*, POLL-*, MSG-*, RES-*).
 
-Each test runs one machine of :mod:`conformance.machines` under the active
+Each test runs one machine of :mod:`conformance.contracts.p2p.machines` under the active
 profile: a failure prints the shrunk sequence of steps that breaks the
 transport (as Hypothesis prints them) and an assertion message that starts
 with the clause ID, e.g. ``MSG-2: message #3 n0->n1 (sent on n0>n1#1)
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from conformance import profiles
-from conformance.machines import ClusterMachine, run_machine
+from conformance.contracts.p2p.machines import ClusterMachine, run_machine
 from conformance.spec import TransportSpec
 
 #: Machines are cheap per example and find races only by volume.

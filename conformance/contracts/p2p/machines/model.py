@@ -1,6 +1,6 @@
 """The model of what must be true of a cluster of nodes: pure bookkeeping, no I/O.
 
-The stateful machines (:mod:`conformance.machines.cluster`) drive real
+The stateful machines (:mod:`conformance.contracts.p2p.machines.cluster`) drive real
 transports and tell this model what they did and what they observed; the
 model answers what the contract allows and raises :class:`Violation` (an
 ``AssertionError`` whose message starts with the clause ID) when an

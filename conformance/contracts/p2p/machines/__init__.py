@@ -1,8 +1,8 @@
 """Stateful machines: Hypothesis ``RuleBasedStateMachine``s over real nodes.
 
-:mod:`~conformance.machines.model` holds the model of what must be true;
-:mod:`~conformance.machines.cluster` drives a cluster of real nodes against it.
-The suite runs them in ``conformance/suite/test_machines.py`` with
+:mod:`~conformance.contracts.p2p.machines.model` holds the model of what must be true;
+:mod:`~conformance.contracts.p2p.machines.cluster` drives a cluster of real nodes against it.
+The suite runs them in ``conformance/contracts/p2p/suite/test_machines.py`` with
 :func:`run_machine`.
 """
 
@@ -17,8 +17,8 @@ from hypothesis.errors import Flaky
 from hypothesis.internal.reflection import function_digest
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-from conformance.machines.cluster import ClusterMachine, NodeRef
-from conformance.machines.model import ClusterModel, Violation
+from conformance.contracts.p2p.machines.cluster import ClusterMachine, NodeRef
+from conformance.contracts.p2p.machines.model import ClusterModel, Violation
 
 __all__ = ["ClusterMachine", "ClusterModel", "NodeRef", "Violation", "run_machine"]
 

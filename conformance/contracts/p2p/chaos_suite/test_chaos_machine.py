@@ -1,6 +1,6 @@
 """The chaos state machine: transport rules and fault rules, shrunk together.
 
-See :mod:`chaos.machine`. A failure prints the shortest sequence of steps
+See :mod:`conformance.contracts.p2p.chaos_machine`. A failure prints the shortest sequence of steps
 (traffic and faults) and an assertion message starting with the clause ID;
 every fault is healed at teardown.
 """
@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
-from chaos.machine import ChaosMachine
 from chaos.proxy import Toxiproxy
 from conformance import profiles
-from conformance.machines import run_machine
+from conformance.contracts.p2p.chaos_machine import ChaosMachine
+from conformance.contracts.p2p.machines import run_machine
 from conformance.spec import TransportSpec
 
 pytestmark = pytest.mark.chaos

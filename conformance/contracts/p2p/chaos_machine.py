@@ -1,6 +1,6 @@
 """The chaos machine: the cluster machine plus fault rules, shrunk together.
 
-:class:`ChaosMachine` subclasses :class:`conformance.machines.ClusterMachine`
+:class:`ChaosMachine` subclasses :class:`conformance.contracts.p2p.machines.ClusterMachine`
 (every rule of the stateful transport machine: connect, send, poll, settle,
 mark dead, close, reconnect, restart, flap, hostile frames) and runs it on a
 :class:`chaos.topology.ChaosCluster`, adding rules that put faults on a
@@ -47,8 +47,8 @@ from hypothesis.stateful import precondition, rule
 from chaos.faults import Fault
 from chaos.proxy import Toxiproxy
 from chaos.topology import ChaosCluster
-from conformance.machines import ClusterMachine, ClusterModel, NodeRef, Violation
-from conformance.machines.model import ConnModel, MessageModel
+from conformance.contracts.p2p.machines import ClusterMachine, ClusterModel, NodeRef, Violation
+from conformance.contracts.p2p.machines.model import ConnModel, MessageModel
 from conformance.spec import SUITE_HEARTBEAT_IVL_MS, SUITE_HEARTBEAT_TIMEOUT_MS, TransportSpec
 
 __all__ = ["ChaosMachine", "ChaosModel"]

@@ -1,0 +1,242 @@
+"""What the KV-event suites know about the implementation under test.
+
+Both KV contracts take a factory ``factory(endpoint, replay_endpoint, *,
+topic)``; what else the suite may assume is a *capability*, declared by the
+attribute ``zmq_conformance_capabilities`` on the factory (a mapping) and
+overridable with ``--capability NAME=VALUE``. A clause whose capability is
+not declared is skipped with the reason, never passed.
+
+Keyword arguments the factory accepts are detected from its signature, and
+the suite passes its own values to make the clauses fast: ``buffer_steps``
+(a short retention, so EVT-4 reaches past it), ``max_queue`` (a small queue,
+so EVT-3 fills it), ``shutdown_timeout_ms`` (EVT-7's bound),
+``replay_stall_timeout_ms`` and ``data_parallel_rank`` (EVT-8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from conformance.errors import ConfigError
+
+__all__ = [
+    "CAPABILITIES_ATTRIBUTE",
+    "PublisherCapabilities",
+    "PublisherSpec",
+    "SubscriberCapabilities",
+    "accepts",
+    "make_spec",
+    "make_subscriber_spec",
+]
+
+CAPABILITIES_ATTRIBUTE: Final = "zmq_conformance_capabilities"
+ENCODINGS: Final = ("map", "array")
+
+#: Retention the suite asks of a publisher that takes ``buffer_steps``.
+SUITE_BUFFER_STEPS: Final = 64
+#: Queue bound the suite asks of a publisher that takes ``max_queue``.
+SUITE_MAX_QUEUE: Final = 256
+#: Shutdown bound the suite asks of a publisher that takes ``shutdown_timeout_ms``.
+SUITE_SHUTDOWN_TIMEOUT_MS: Final = 1000
+#: Stall bound for replays the suite asks of a publisher that takes it.
+SUITE_REPLAY_STALL_TIMEOUT_MS: Final = 1000
+
+
+def _check(cls: type[Any], values: Mapping[str, Any], origin: str) -> dict[str, Any]:
+    """Reject unknown or mistyped fields of capability dataclass ``cls`` by name."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown capability {unknown[0]!r}; known: {', '.join(fields)}"
+        )
+    checked: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = str(fields[name].type)
+        if value is None:
+            pass
+        elif kind.startswith("bool"):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{origin}: capability {name!r} must be true or false")
+        elif kind.startswith("int"):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{origin}: capability {name!r} must be a positive integer")
+        elif name == "encoding" and value not in ENCODINGS:
+            raise ConfigError(
+                f"{origin}: capability 'encoding' must be one of {', '.join(ENCODINGS)}, "
+                f"not {value!r}"
+            )
+        checked[name] = value
+    return checked
+
+
+@dataclass(frozen=True)
+class PublisherCapabilities:
+    """What a KV-event publisher declares beyond ``publish()`` and ``shutdown()``.
+
+    Attributes:
+        encoding: ``map`` (vLLM's publisher) or ``array`` payloads; a
+            mismatch fails EVT-1 naming the first field that differs.
+        buffer_steps: how many batches it retains for replay. Needed for the
+            retention edge of EVT-4 unless the factory takes ``buffer_steps``
+            (the suite then passes its own). ``None``: that part is skipped and
+            the other replay tests assume it retains every batch they publish
+            (at most a few hundred).
+        data_parallel: the factory takes ``data_parallel_rank`` and derives
+            the rank's endpoints from the configured ones; the object then
+            exposes the endpoints it bound as ``endpoint`` and
+            ``replay_endpoint``. Detected from the signature when not declared;
+            EVT-8 is skipped without it.
+        heartbeat_configurable: accepted for symmetry with the other contracts
+            (the publisher clauses inject no faults).
+        shutdown_timeout_ms: the bound EVT-7 allows ``shutdown()`` (the suite
+            passes its own when the factory takes ``shutdown_timeout_ms``);
+            default 5000 ms.
+    """
+
+    encoding: str = "map"
+    buffer_steps: int | None = None
+    data_parallel: bool | None = None
+    heartbeat_configurable: bool | None = None
+    shutdown_timeout_ms: int | None = None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> PublisherCapabilities:
+        return cls(**_check(cls, values, origin))
+
+
+@dataclass(frozen=True)
+class SubscriberCapabilities:
+    """What a KV-event consumer declares (see :mod:`.subscriber.peer`)."""
+
+    encoding: str = "map"
+    replay_timeout_ms: int | None = None
+    heartbeat_configurable: bool | None = None
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> SubscriberCapabilities:
+        return cls(**_check(cls, values, origin))
+
+
+def accepts(factory: Callable[..., Any], name: str) -> bool:
+    """True when ``factory`` takes keyword ``name`` (or any keyword)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
+@dataclass(frozen=True)
+class PublisherSpec:
+    """The publisher under test: its factory and what it declares."""
+
+    name: str
+    factory: Callable[..., Any]
+    capabilities: PublisherCapabilities = field(default_factory=PublisherCapabilities)
+
+    @property
+    def encoding(self) -> str:
+        return self.capabilities.encoding
+
+    @property
+    def buffer_steps(self) -> int | None:
+        """The retention in force when the suite builds the publisher (``None``: unknown)."""
+        if accepts(self.factory, "buffer_steps"):
+            return SUITE_BUFFER_STEPS
+        return self.capabilities.buffer_steps
+
+    @property
+    def max_queue(self) -> int | None:
+        """The queue bound in force (``None``: the suite cannot make it small)."""
+        return SUITE_MAX_QUEUE if accepts(self.factory, "max_queue") else None
+
+    @property
+    def data_parallel(self) -> bool:
+        return bool(self.capabilities.data_parallel)
+
+    @property
+    def shutdown_timeout_ms(self) -> int:
+        if accepts(self.factory, "shutdown_timeout_ms"):
+            return SUITE_SHUTDOWN_TIMEOUT_MS
+        return self.capabilities.shutdown_timeout_ms or 5000
+
+    def build(self, endpoint: str, replay_endpoint: str, *, topic: str,
+              rank: int | None = None, **overrides: Any) -> Any:
+        """Build one publisher with the suite's short settings where the factory takes them.
+
+        ``overrides`` replaces individual settings (only those the factory takes).
+        """
+        kwargs: dict[str, Any] = {}
+        for name, value in (
+            ("buffer_steps", SUITE_BUFFER_STEPS),
+            ("max_queue", SUITE_MAX_QUEUE),
+            ("shutdown_timeout_ms", SUITE_SHUTDOWN_TIMEOUT_MS),
+            ("replay_stall_timeout_ms", SUITE_REPLAY_STALL_TIMEOUT_MS),
+        ):
+            if accepts(self.factory, name):
+                kwargs[name] = value
+        kwargs.update({k: v for k, v in overrides.items() if accepts(self.factory, k)})
+        if rank is not None:
+            kwargs["data_parallel_rank"] = rank
+        return self.factory(endpoint, replay_endpoint, topic=topic, **kwargs)
+
+
+def _declared(factory: Callable[..., Any], name: str) -> Mapping[str, Any]:
+    declared: Any = getattr(factory, CAPABILITIES_ATTRIBUTE, None)
+    if declared is None:
+        return {}
+    if dataclasses.is_dataclass(declared) and not isinstance(declared, type):
+        return dataclasses.asdict(declared)
+    if isinstance(declared, Mapping):
+        return declared
+    raise ConfigError(
+        f"{CAPABILITIES_ATTRIBUTE} of {name} must be a mapping, not {type(declared).__name__}"
+    )
+
+
+def _label(factory: Callable[..., Any], name: str | None) -> str:
+    return name or f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
+
+
+def make_spec(
+    factory: Callable[..., Any],
+    *,
+    name: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    origin: str = "capabilities",
+) -> PublisherSpec:
+    """A :class:`PublisherSpec`: declared capabilities, then the user's overrides."""
+    label = _label(factory, name)
+    values = dict(_declared(factory, label))
+    caps = PublisherCapabilities.from_mapping(values, origin=f"{CAPABILITIES_ATTRIBUTE} of {label}")
+    if overrides:
+        values.update(overrides)
+        caps = PublisherCapabilities.from_mapping(values, origin=origin)
+    if caps.data_parallel is None:
+        caps = dataclasses.replace(caps, data_parallel=accepts(factory, "data_parallel_rank"))
+    return PublisherSpec(name=label, factory=factory, capabilities=caps)
+
+
+def make_subscriber_spec(
+    factory: Callable[..., Any],
+    *,
+    name: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    origin: str = "capabilities",
+) -> Any:
+    """The subscriber suite's spec (:class:`.subscriber.peer.SubscriberSpec`)."""
+    from conformance.contracts.kv_events.subscriber.peer import SubscriberSpec
+
+    label = _label(factory, name)
+    values = dict(_declared(factory, label))
+    SubscriberCapabilities.from_mapping(values, origin=f"{CAPABILITIES_ATTRIBUTE} of {label}")
+    values.update(overrides or {})
+    SubscriberCapabilities.from_mapping(values, origin=origin)
+    return SubscriberSpec(label, factory, values)

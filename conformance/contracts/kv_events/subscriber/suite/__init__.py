@@ -1,0 +1,1 @@
+"""Property tests of the ``kv-events-subscriber`` contract, one module per concern."""

@@ -1,0 +1,460 @@
+"""The reference KV-cache event subscriber (SUB + lazy-pirate replay DEALER).
+
+Everything happens inside the caller's :meth:`KVEventSubscriber.poll`; no
+thread is started. What it guarantees (the ``kv-events-subscriber`` contract):
+
+- **Once, in order.** Batches reach the application in sequence order, each
+  once. A batch that arrives ahead of a gap is held back; the gap triggers a
+  replay request ``[b"", last + 1]`` on a DEALER (a REQ socket would accept
+  only the first of the many answers). Replayed batches fill the gap; live
+  copies of batches a replay already delivered are dropped as duplicates.
+- **Bounded replays, lazy pirate.** A replay that goes quiet for
+  ``replay_timeout_ms`` is abandoned: the DEALER is closed and the next
+  request goes out on a fresh one, so late answers of the abandoned request
+  can never be taken for answers to the new one. After ``replay_attempts``
+  unanswered attempts the gap is declared lost (counted), and the batches
+  held behind it are delivered.
+- **End marker.** A replay ends at the seq frame -1 read as a *signed*
+  8-byte integer. Holes still open below what the publisher had published
+  when the request left are batches it no longer retains: counted as lost.
+- **Restarts.** A live sequence number at or below the last one received
+  live cannot come from the same publisher (PUB delivers in order), so it
+  marks a new publisher incarnation: counted in ``stats()["restarts"]``,
+  and the new incarnation is delivered from its seq 0 (replaying what the
+  subscriber missed of it) instead of being dropped as duplicates.
+- **Garbage.** Messages with the wrong frame count, a seq frame that is not
+  8 bytes, or a payload that does not decode (including unknown event tags)
+  are counted in ``stats()["garbled"]`` and skipped. A garbled payload with
+  a valid seq consumes that seq, so it is not replayed in a loop.
+- **Topic.** Only messages whose topic frame equals ``topic`` are delivered
+  (an empty topic delivers all).
+- **Silent partitions.** ZMTP heartbeats on the SUB socket drop a dead
+  connection so libzmq reconnects; and when the stream has been quiet for
+  ``resync_idle_ms`` the subscriber asks for a replay from ``last + 1``, so
+  batches lost while partitioned are recovered even if the publisher
+  publishes nothing after the partition heals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Final
+
+import zmq
+
+from reference_impl.kv_events.schema import (
+    SEQ_BYTES,
+    Encoding,
+    KVEventBatch,
+    SchemaError,
+    decode_batch,
+    replay_request,
+)
+
+__all__ = ["KVEventSubscriber"]
+
+DEFAULT_REPLAY_TIMEOUT_MS: Final = 1000
+DEFAULT_REPLAY_ATTEMPTS: Final = 3
+DEFAULT_RESYNC_IDLE_MS: Final = 1000
+DEFAULT_HEARTBEAT_IVL_MS: Final = 500
+DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 1500
+DEFAULT_RCVHWM: Final = 100_000
+#: Messages read per socket per turn of poll(), so poll() returns under a flood.
+_READ_SLICE: Final = 10_000
+_SEQ_LIMIT: Final = 2**63
+
+
+@dataclass
+class _Replay:
+    """The replay request in flight."""
+
+    start: int
+    #: The payload last delivered, expected as the first answer (seq ``start``)
+    #: if the publisher is the same incarnation; ``None`` once checked.
+    check: bytes | None
+    #: The highest seq received live when the request left: everything up to
+    #: it was published before the publisher read the request.
+    covers: int
+    last_activity: float
+
+
+class KVEventSubscriber:
+    """SUB + replay-DEALER subscriber of a KV-event stream (see the module docstring).
+
+    Args:
+        endpoint: the publisher's PUB endpoint, connected to.
+        replay_endpoint: the publisher's replay ROUTER, connected to.
+        topic: the topic to deliver (``""``: every topic).
+        encoding: the payload encoding, ``"map"`` or ``"array"``.
+        replay_timeout_ms: silence after which a replay attempt is abandoned.
+        replay_attempts: attempts before a gap is declared lost.
+        resync_idle_ms: quiet time after which the subscriber checks for
+            batches it missed (0 disables).
+        heartbeat_ivl_ms / heartbeat_timeout_ms: ZMTP heartbeats on the SUB
+            socket (0 disables).
+        rcvhwm: the SUB socket's receive high-water mark.
+        reconnect_ivl_ms: libzmq's reconnect interval.
+    """
+
+    zmq_conformance_capabilities: Final = {"encoding": "map"}
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str,
+        *,
+        topic: str = "",
+        encoding: Encoding = "map",
+        replay_timeout_ms: int = DEFAULT_REPLAY_TIMEOUT_MS,
+        replay_attempts: int = DEFAULT_REPLAY_ATTEMPTS,
+        resync_idle_ms: int = DEFAULT_RESYNC_IDLE_MS,
+        heartbeat_ivl_ms: int = DEFAULT_HEARTBEAT_IVL_MS,
+        heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        rcvhwm: int = DEFAULT_RCVHWM,
+        reconnect_ivl_ms: int = 100,
+    ) -> None:
+        if encoding not in ("map", "array"):
+            raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
+        for name, value in (
+            ("replay_timeout_ms", replay_timeout_ms),
+            ("replay_attempts", replay_attempts),
+            ("rcvhwm", rcvhwm),
+            ("reconnect_ivl_ms", reconnect_ivl_ms),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name, value in (
+            ("resync_idle_ms", resync_idle_ms),
+            ("heartbeat_ivl_ms", heartbeat_ivl_ms),
+            ("heartbeat_timeout_ms", heartbeat_timeout_ms),
+        ):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic
+        self.encoding: Encoding = encoding
+        self._topic = topic.encode()
+        self._replay_timeout_s = replay_timeout_ms / 1000
+        self._replay_attempts = replay_attempts
+        self._resync_idle_s = resync_idle_ms / 1000
+        self._reconnect_ivl_ms = reconnect_ivl_ms
+
+        self._last: int | None = None  # last seq handed to the application (or consumed)
+        self._last_live: int | None = None  # last seq received on the SUB socket
+        #: Batches waiting for a gap to fill: seq -> (payload, batch or None if garbled).
+        self._held: dict[int, tuple[bytes, KVEventBatch | None]] = {}
+        self._last_payload: bytes | None = None
+        self._replay: _Replay | None = None
+        self._failed_attempts = 0
+        self._last_traffic = time.monotonic()
+        self._closed = False
+        self._counts = dict.fromkeys(
+            ("delivered", "duplicates", "garbled", "other_topic", "gaps", "replays",
+             "replay_timeouts", "lost", "restarts", "stray_answers"),
+            0,
+        )
+
+        self._ctx = zmq.Context()
+        try:
+            self._sub: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
+            self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.RCVHWM, rcvhwm)
+            self._sub.setsockopt(zmq.RECONNECT_IVL, reconnect_ivl_ms)
+            if heartbeat_ivl_ms:
+                self._sub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
+                self._sub.setsockopt(
+                    zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or heartbeat_ivl_ms
+                )
+            self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+            self._sub.connect(endpoint)
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+        self._dealer: zmq.Socket[bytes] | None = None
+        self._poller = zmq.Poller()
+        self._poller.register(self._sub, zmq.POLLIN)
+
+    # -- the interface ------------------------------------------------------------
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, KVEventBatch]]:
+        """Deliverable batches as ``(seq, batch)``, waiting up to ``timeout_ms`` for some.
+
+        Returns as soon as something is deliverable (possibly before the
+        timeout), or an empty list at the timeout. Never raises for anything
+        the publisher sends.
+
+        Raises:
+            RuntimeError: after :meth:`close`.
+        """
+        if self._closed:
+            raise RuntimeError("poll() after close()")
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        out: list[tuple[int, KVEventBatch]] = []
+        while True:
+            self._read_live(out)
+            self._read_replay(out)
+            now = time.monotonic()
+            self._timers(now, out)
+            if out or now >= deadline:
+                return out
+            wait = min(deadline, self._next_timer(now)) - now
+            self._poller.poll(max(1, int(wait * 1000) + 1))
+
+    def close(self) -> None:
+        """Release both sockets and the private context. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_dealer()
+        self._sub.close(linger=0)
+        self._ctx.term()
+
+    # -- extras -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``delivered``, ``duplicates``, ``garbled``, ``other_topic``,
+        ``gaps``, ``replays``, ``replay_timeouts``, ``lost``, ``restarts``,
+        ``stray_answers``."""
+        return dict(self._counts)
+
+    @property
+    def last_seq(self) -> int | None:
+        """The last sequence number delivered (or consumed), ``None`` before the first."""
+        return self._last
+
+    def __enter__(self) -> KVEventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<KVEventSubscriber {self.endpoint} last={self._last}>"
+
+    # -- live stream --------------------------------------------------------------
+
+    def _read_live(self, out: list[tuple[int, KVEventBatch]]) -> None:
+        sub = self._sub
+        for _ in range(_READ_SLICE):
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_live(frames, out)
+
+    def _on_live(self, frames: list[bytes], out: list[tuple[int, KVEventBatch]]) -> None:
+        if len(frames) != 3:
+            self._counts["garbled"] += 1
+            return
+        topic, seq_frame, payload = frames
+        if not self._accepts_topic(topic):
+            self._counts["other_topic"] += 1
+            return
+        seq = self._seq(seq_frame)
+        if seq is None:
+            return
+        self._last_traffic = time.monotonic()
+        if self._is_restart(seq):
+            self._restarted(out)
+        elif self._last is None:
+            self._last = seq - 1  # join the stream where it is
+        self._last_live = seq
+        assert self._last is not None
+        if seq <= self._last:
+            self._on_duplicate(seq, payload, out)
+            return
+        self._held[seq] = (payload, self._decode(payload))
+        self._flush(out)
+        if self._held and self._replay is None:
+            self._counts["gaps"] += 1
+            self._request_replay()
+
+    def _accepts_topic(self, topic: bytes) -> bool:
+        return not self._topic or topic == self._topic
+
+    def _is_restart(self, seq: int) -> bool:
+        """PUB delivers in order: a live seq not above the last live one is a new incarnation."""
+        return self._last_live is not None and seq <= self._last_live
+
+    def _on_duplicate(self, seq: int, payload: bytes, out: list[tuple[int, KVEventBatch]]) -> None:
+        self._counts["duplicates"] += 1
+
+    def _restarted(self, out: list[tuple[int, KVEventBatch]]) -> None:
+        """A new publisher incarnation: close the old one's books, expect seq 0."""
+        self._counts["restarts"] += 1
+        self._give_up(None, out)
+        self._drop_dealer()
+        self._replay = None
+        self._failed_attempts = 0
+        self._last = -1
+        self._last_live = None
+        self._last_payload = None
+
+    # -- replay -------------------------------------------------------------------
+
+    def _request_replay(self) -> None:
+        assert self._last is not None
+        if self._dealer is None:
+            self._dealer = self._open_replay_socket()
+            self._poller.register(self._dealer, zmq.POLLIN)
+        # Ask from the last batch delivered, not the one after: its answer
+        # proves the publisher is still the incarnation that sent it.
+        check = self._last_payload if self._last >= 0 else None
+        start = self._last if check is not None else self._last + 1
+        covers = self._last_live if self._last_live is not None else self._last
+        self._replay = _Replay(start, check, covers, time.monotonic())
+        self._counts["replays"] += 1
+        self._send_request(self._dealer, replay_request(start))
+
+    def _open_replay_socket(self) -> zmq.Socket[bytes]:
+        """A DEALER: it takes the many answers of one request (a REQ takes one)."""
+        dealer: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+        dealer.connect(self.replay_endpoint)
+        return dealer
+
+    def _send_request(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        with contextlib.suppress(zmq.Again):  # unanswered: the timeout retries
+            sock.send_multipart(frames, zmq.NOBLOCK)
+
+    def _abandon_replay_socket(self) -> None:
+        """Lazy pirate: close the socket, so late answers of the abandoned request die with it."""
+        self._drop_dealer()
+
+    def _drop_dealer(self) -> None:
+        if self._dealer is not None:
+            self._poller.unregister(self._dealer)
+            self._dealer.close(linger=0)
+            self._dealer = None
+
+    def _read_replay(self, out: list[tuple[int, KVEventBatch]]) -> None:
+        for _ in range(_READ_SLICE):
+            if self._dealer is None:
+                return
+            try:
+                frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_answer(frames, out)
+
+    def _on_answer(self, frames: list[bytes], out: list[tuple[int, KVEventBatch]]) -> None:
+        replay = self._replay
+        if replay is None:
+            self._counts["stray_answers"] += 1
+            return
+        if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != SEQ_BYTES:
+            self._counts["garbled"] += 1
+            return
+        replay.last_activity = time.monotonic()
+        seq = self._answer_seq(frames[1])
+        if replay.check is not None and seq != -1 and seq < replay.start:
+            self._counts["garbled"] += 1  # below what was asked: not an answer
+            return
+        if replay.check is not None and (
+            seq == -1 or (seq == replay.start and frames[2] != replay.check)
+        ):
+            # The publisher has nothing at or past the last batch seen, or a
+            # different batch under its seq: a new incarnation, idle so far.
+            self._restarted(out)
+            self._request_replay()
+            return
+        replay.check = None
+        if seq == -1:  # the end marker
+            self._replay = None
+            self._failed_attempts = 0
+            self._give_up(replay.covers, out)
+            if self._held:  # more went missing after the request left
+                self._request_replay()
+            return
+        if seq < 0:
+            self._counts["garbled"] += 1
+            return
+        assert self._last is not None
+        if seq <= self._last:
+            self._on_duplicate(seq, frames[2], out)
+            return
+        self._held[seq] = (frames[2], self._decode(frames[2]))
+        self._flush(out)
+
+    @staticmethod
+    def _answer_seq(frame: bytes) -> int:
+        """A replay answer's seq: signed, so the end marker reads as -1."""
+        return int.from_bytes(frame, "big", signed=True)
+
+    def _timers(self, now: float, out: list[tuple[int, KVEventBatch]]) -> None:
+        replay = self._replay
+        if replay is not None:
+            if now - replay.last_activity < self._replay_timeout_s:
+                return
+            self._counts["replay_timeouts"] += 1
+            self._abandon_replay_socket()
+            self._replay = None
+            self._failed_attempts += 1
+            if self._failed_attempts >= self._replay_attempts:
+                self._failed_attempts = 0
+                self._give_up(None, out)
+            if self._held:
+                self._request_replay()
+            else:
+                self._failed_attempts = 0  # an unanswered check for news, not a gap
+            return
+        if (
+            self._resync_idle_s
+            and self._last is not None
+            and now - self._last_traffic >= self._resync_idle_s
+        ):
+            self._last_traffic = now
+            self._request_replay()
+
+    def _next_timer(self, now: float) -> float:
+        if self._replay is not None:
+            return self._replay.last_activity + self._replay_timeout_s
+        if self._resync_idle_s and self._last is not None:
+            return self._last_traffic + self._resync_idle_s
+        return now + 3600.0
+
+    # -- delivery -----------------------------------------------------------------
+
+    def _flush(self, out: list[tuple[int, KVEventBatch]]) -> None:
+        assert self._last is not None
+        held = self._held
+        while self._last + 1 in held:
+            self._last += 1
+            self._last_payload, batch = held.pop(self._last)
+            if batch is not None:
+                out.append((self._last, batch))
+                self._counts["delivered"] += 1
+
+    def _give_up(self, upto: int | None, out: list[tuple[int, KVEventBatch]]) -> None:
+        """Declare missing seqs up to ``upto`` (``None``: all held back) lost; deliver past them."""
+        while self._held:
+            assert self._last is not None
+            first = min(self._held)
+            limit = first - 1 if upto is None else min(first - 1, upto)
+            if limit > self._last:
+                self._counts["lost"] += limit - self._last
+                self._last = limit
+            if self._last + 1 != first:
+                return
+            self._flush(out)
+
+    def _seq(self, frame: bytes) -> int | None:
+        if len(frame) != SEQ_BYTES:
+            self._counts["garbled"] += 1
+            return None
+        seq = int.from_bytes(frame, "big")
+        if seq >= _SEQ_LIMIT:
+            self._counts["garbled"] += 1
+            return None
+        return seq
+
+    def _decode(self, payload: bytes) -> KVEventBatch | None:
+        try:
+            return decode_batch(payload, self.encoding)
+        except SchemaError:
+            self._counts["garbled"] += 1
+            return None

@@ -1,0 +1,71 @@
+"""The ``kv-events-subscriber`` contract against the reference and its mutants.
+
+The reference subscriber passes every clause; each mutant in
+:data:`~conformance.contracts.kv_events.subscriber.mutants.MUTANTS` fails
+the test of the clause it targets. Each run is a separate pytest process
+(parametrized, so ``pytest -n auto`` spreads them), with Hypothesis
+shrinking capped: the kill matters here, not the minimal example.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.contracts.kv_events.subscriber.clauses import CLAUSES
+from conformance.contracts.kv_events.subscriber.mutants import MUTANTS, SubscriberMutant
+from conformance.contracts.kv_events.subscriber.suite.conftest import ENV_SUBSCRIBER
+from conformance.spec import load_factory
+
+SUITE = Path(__file__).resolve().parents[1] / "conformance/contracts/kv_events/subscriber/suite"
+
+#: The test (by ``-k``) of each clause.
+_TEST_OF = {
+    "EVS-1": "test_every_batch_once_in_order",
+    "EVS-2": "test_end_marker_is_signed_minus_one",
+    "EVS-3": "test_unanswered_replay_times_out_and_retries",
+    "EVS-4": "test_publisher_restart_is_recognised",
+    "EVS-5": "test_garbled_frames_are_skipped",
+    "EVS-6": "test_only_the_configured_topic",
+    "EVS-7": "test_silent_partition_heals_gap_free",
+}
+
+
+def _run_suite(factory: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, **{ENV_SUBSCRIBER: factory})
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "-p", "conformance.selfcheck.clause_filter", "--selfcheck-shrink-seconds", "2",
+               "--rootdir", str(SUITE), str(SUITE), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+
+
+def test_every_clause_has_a_test_and_a_mutant() -> None:
+    assert set(_TEST_OF) == set(CLAUSES)
+    assert {c for m in MUTANTS for c in m.clauses} == set(CLAUSES)
+    for mutant in MUTANTS:
+        load_factory(mutant.factory, option="mutant")
+
+
+def test_reference_passes_the_contract() -> None:
+    result = _run_suite("reference_impl.kv_events.subscriber:KVEventSubscriber")
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_mutant_is_killed_by_its_clause(mutant: SubscriberMutant) -> None:
+    if mutant.chaos:
+        pytest.importorskip("toxiproxy")
+    selected = " or ".join(_TEST_OF[c] for c in mutant.clauses)
+    result = _run_suite(mutant.factory, "-x", "-k", selected)
+    assert result.returncode == 1, (
+        f"{mutant.name} survived {', '.join(mutant.clauses)}:\n{result.stdout[-3000:]}"
+    )
+    assert any(f"{c}:" in result.stdout for c in mutant.clauses), (
+        f"{mutant.name}: the failure does not name {', '.join(mutant.clauses)}:\n"
+        f"{result.stdout[-3000:]}"
+    )
