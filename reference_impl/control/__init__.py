@@ -29,11 +29,16 @@ class ControlImplementation:
     """A control-channel implementation: a server factory, a client factory, or both.
 
     A side left ``None`` is not under test; the suite plays it with the
-    reference.
+    reference. Calling it returns itself: the conformance CLI takes any
+    ``MODULE:ATTR`` that is an implementation or a zero-argument callable
+    returning one.
     """
 
     server: Any = None
     client: Any = None
+
+    def __call__(self) -> ControlImplementation:
+        return self
 
 
 REFERENCE = ControlImplementation(server=ControlServer, client=ControlClient)

@@ -1,27 +1,35 @@
-"""Fixtures of the control suites: the implementation under test (``control_spec``)."""
+"""Fixtures of the control suites: the implementation under test (``control_spec``).
+
+``control_spec`` is the implementation the session configured
+(``--zmq-contract control --zmq-transport MODULE:ATTR``, or the user's
+``zmq_transport_factory`` fixture); ``ZMQ_CONFORMANCE_CONTROL``
+(``MODULE:ATTR``) overrides it; without either it is the reference.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
-from conformance.contracts.control.spec import DEFAULT_TARGET, ControlSpec, load
+from conformance.contracts.control.spec import ControlSpec, load
 from conformance.errors import ConfigError
+from conformance.fixtures import contract_spec
 
-#: Environment variable naming the implementation (``MODULE:ATTR``) until an option does.
+#: Environment variable naming an implementation, beating the configuration.
 ENV_TARGET = "ZMQ_CONFORMANCE_CONTROL"
+CONTRACT = "control"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "ctl_clause(*ids): control-channel clauses")
-
-
-@pytest.fixture(scope="session")
-def control_spec() -> ControlSpec:
-    """The control implementation under test (default: the reference pair)."""
-    path = os.environ.get(ENV_TARGET) or DEFAULT_TARGET
-    try:
-        return load(path, option=ENV_TARGET if os.environ.get(ENV_TARGET) else "default")
-    except ConfigError as exc:
-        pytest.fail(str(exc), pytrace=False)
+@pytest.fixture
+def control_spec(request: pytest.FixtureRequest, zmq_transport_factory: Any) -> ControlSpec:
+    """The control implementation under test."""
+    override = os.environ.get(ENV_TARGET)
+    if override:
+        try:
+            return load(override, option=ENV_TARGET)
+        except ConfigError as exc:
+            pytest.fail(str(exc), pytrace=False)
+    spec: ControlSpec = contract_spec(request, zmq_transport_factory, CONTRACT)
+    return spec

@@ -10,9 +10,6 @@ server factory (see ``reference_impl.control.interface``).
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -82,47 +79,43 @@ class ControlSpec:
         return self.client if self.client is not None else ControlClient
 
 
-def make_spec(target: Any, *, name: str) -> ControlSpec:
-    """Build a :class:`ControlSpec` from an object with ``server``/``client`` factories."""
+def make_spec(factory: Any, *, name: str | None = None,
+              overrides: Mapping[str, Any] | None = None,
+              origin: str = "capabilities") -> ControlSpec:
+    """Build a :class:`ControlSpec` from an implementation object (``server``/``client``
+    factories), or from a zero-argument callable returning one; ``overrides`` (from
+    ``--capability``) win over what the server factory declares."""
+    label = name or f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
+    target = factory
+    if not (hasattr(target, "server") or hasattr(target, "client")) and callable(target):
+        try:
+            target = target()
+        except Exception as exc:
+            raise ConfigError(f"{label}: calling it for the implementation raised "
+                              f"{type(exc).__name__}: {exc}") from None
     server = getattr(target, "server", None)
     client = getattr(target, "client", None)
-    for side, factory in (("server", server), ("client", client)):
-        if factory is not None and not callable(factory):
-            raise ConfigError(f"{name}: {side} is a {type(factory).__name__}, not a factory")
+    for side, side_factory in (("server", server), ("client", client)):
+        if side_factory is not None and not callable(side_factory):
+            raise ConfigError(f"{label}: {side} is a {type(side_factory).__name__}, "
+                              "not a factory")
     if server is None and client is None:
-        raise ConfigError(f"{name}: the control contract needs an object with a 'server' "
-                          "and/or a 'client' factory, e.g. reference_impl.control:REFERENCE")
+        raise ConfigError(f"{label}: the control contract needs an object with a 'server' "
+                          f"and/or a 'client' factory, e.g. {DEFAULT_TARGET}")
     declared = getattr(server, CAPABILITIES_ATTRIBUTE, None) if server is not None else None
-    if declared is None:
-        caps = ControlCapabilities()
-    elif isinstance(declared, Mapping):
-        caps = ControlCapabilities.from_mapping(declared, origin=f"{CAPABILITIES_ATTRIBUTE} of "
-                                                                 f"{name}.server")
-    else:
-        raise ConfigError(f"{CAPABILITIES_ATTRIBUTE} of {name}.server must be a mapping")
+    if declared is not None and not isinstance(declared, Mapping):
+        raise ConfigError(f"{CAPABILITIES_ATTRIBUTE} of {label}.server must be a mapping")
+    values = dict(declared or {})
+    values.update(overrides or {})
+    caps = ControlCapabilities.from_mapping(values, origin=f"{origin} of {label}")
     if "PING" not in caps.request_types:
-        raise ConfigError(f"{name}.server declares request_types without PING; every control "
+        raise ConfigError(f"{label}.server declares request_types without PING; every control "
                           "protocol has one (CTL-1)")
-    return ControlSpec(name=name, server=server, client=client, capabilities=caps)
+    return ControlSpec(name=label, server=server, client=client, capabilities=caps)
 
 
 def load(path: str, *, option: str = "--transport") -> ControlSpec:
     """Resolve ``MODULE:ATTR`` to a :class:`ControlSpec` (errors name ``option``)."""
-    module_name, sep, attr_path = path.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ConfigError(f"{option}={path!r}: expected MODULE:ATTR, e.g. {DEFAULT_TARGET}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigError(f"{option}={path!r}: cannot import {module_name!r}: "
-                          f"{type(exc).__name__}: {exc}") from None
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ConfigError(f"{option}={path!r}: {module_name!r} has no attribute "
-                              f"{attr_path!r}") from None
-    return make_spec(target, name=path)
+    from conformance.spec import load_factory
+
+    return make_spec(load_factory(path, option=option), name=path)

@@ -14,10 +14,6 @@ from conformance.contracts.control.spec import ControlSpec
 __all__ = ["chaos_rig", "control_spec"]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "ctl_clause(*ids): control-channel clauses")
-
-
 @pytest.fixture
 def chaos_rig(control_spec: ControlSpec, toxiproxy: Toxiproxy) -> Iterator[ChaosRig]:
     """A rig with the server behind a proxy (started); every fault healed afterwards."""

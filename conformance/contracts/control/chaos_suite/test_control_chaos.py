@@ -27,7 +27,6 @@ from conformance.contracts.control.harness import (
     nonce,
 )
 from conformance.contracts.control.machine import ChaosControlMachine, machine_settings, run
-from conformance.contracts.control.marks import clause
 from conformance.contracts.control.spec import ControlSpec
 
 pytestmark = pytest.mark.chaos
@@ -81,7 +80,7 @@ def _recovers(rig: ChaosRig, client: Client, what: str) -> float:
     return time.monotonic() - started
 
 
-@clause("CTL-5")
+@pytest.mark.clause("CTL-5")
 def test_ctl5_silent_partition_detected_in_window_and_alive_after_heal(
     chaos_rig: ChaosRig, control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -113,7 +112,7 @@ def test_ctl5_silent_partition_detected_in_window_and_alive_after_heal(
     _own_reply(client, "after the heal")
 
 
-@clause("CTL-4")
+@pytest.mark.clause("CTL-4")
 @pytest.mark.parametrize("kind", ["partition", "reset", "disable"])
 def test_ctl4_requests_fail_in_time_under_a_fault_then_recover(
     chaos_rig: ChaosRig, control_spec: ControlSpec, record_property: Recorder, kind: str
@@ -136,7 +135,7 @@ def test_ctl4_requests_fail_in_time_under_a_fault_then_recover(
         _own_reply(client, f"after a {kind} healed")
 
 
-@clause("CTL-5")
+@pytest.mark.clause("CTL-5")
 def test_ctl5_latency_below_the_timeout_is_no_death(
     chaos_rig: ChaosRig, control_spec: ControlSpec
 ) -> None:
@@ -152,7 +151,7 @@ def test_ctl5_latency_below_the_timeout_is_no_death(
         assert client.alive, "CTL-5: 60 ms latency (timeout 500 ms) made the client declare death"
 
 
-@clause("CTL-6")
+@pytest.mark.clause("CTL-6")
 def test_ctl6_server_restarted_behind_a_partition(
     chaos_rig: ChaosRig, control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -179,7 +178,7 @@ def test_ctl6_server_restarted_behind_a_partition(
     _own_reply(client, "after re-registering")
 
 
-@clause("CTL-4", "CTL-5", "CTL-6")
+@pytest.mark.clause("CTL-4", "CTL-5", "CTL-6")
 def test_control_chaos_machine(
     control_spec: ControlSpec, toxiproxy: Toxiproxy, record_property: Recorder
 ) -> None:

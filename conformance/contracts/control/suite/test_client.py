@@ -13,6 +13,8 @@ import functools
 import time
 from collections.abc import Callable
 
+import pytest
+
 from conformance.contracts.control.harness import (
     ECHO,
     HEARTBEAT_IVL_MS,
@@ -27,7 +29,6 @@ from conformance.contracts.control.harness import (
     nonce,
     rig,
 )
-from conformance.contracts.control.marks import clause
 from conformance.contracts.control.spec import ControlSpec
 from conformance.harness import scaled
 
@@ -96,7 +97,7 @@ def _recovers(r: Rig, client: Client, clause: str, what: str) -> float:
 # -- CTL-4 ---------------------------------------------------------------------
 
 
-@clause("CTL-4")
+@pytest.mark.clause("CTL-4")
 def test_ctl4_absent_server_fails_in_time_then_recovers(
     control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -113,7 +114,7 @@ def test_ctl4_absent_server_fails_in_time_then_recovers(
         record_property("recovered_after_ms", round(recovered * 1000))
 
 
-@clause("CTL-4")
+@pytest.mark.clause("CTL-4")
 def test_ctl4_server_gone_mid_life_fails_in_time_then_recovers(
     control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -134,7 +135,7 @@ def test_ctl4_server_gone_mid_life_fails_in_time_then_recovers(
 # -- CTL-5 ---------------------------------------------------------------------
 
 
-@clause("CTL-5")
+@pytest.mark.clause("CTL-5")
 def test_ctl5_silent_server_detected_within_window_then_alive(
     control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -190,7 +191,7 @@ def _watch(client: Client, *, until: float, want: bool) -> tuple[float | None, f
         time.sleep(0.001)
 
 
-@clause("CTL-5")
+@pytest.mark.clause("CTL-5")
 def test_ctl5_pings_never_shift_replies(control_spec: ControlSpec) -> None:
     """Requests issued just as a PING is due (or in flight) get their own replies."""
     control_spec.require("client", "CTL-5")
@@ -208,7 +209,7 @@ def test_ctl5_pings_never_shift_replies(control_spec: ControlSpec) -> None:
         r.check()
 
 
-@clause("CTL-5", "CTL-4")
+@pytest.mark.clause("CTL-5", "CTL-4")
 def test_ctl5_late_reply_of_an_abandoned_request_is_never_taken(
     control_spec: ControlSpec,
 ) -> None:
@@ -241,7 +242,7 @@ def _registered(r: Rig, generation: int) -> bool:
     return _registrations(r, generation) > 0
 
 
-@clause("CTL-6")
+@pytest.mark.clause("CTL-6")
 def test_ctl6_fast_restart_is_detected_and_registered_with(
     control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -267,7 +268,7 @@ def test_ctl6_fast_restart_is_detected_and_registered_with(
             _echo_ok(client, "CTL-6", "the next request after the restart")
 
 
-@clause("CTL-6")
+@pytest.mark.clause("CTL-6")
 def test_ctl6_restart_after_an_outage_and_an_immediate_request(
     control_spec: ControlSpec,
 ) -> None:

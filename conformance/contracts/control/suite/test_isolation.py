@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import msgspec
+import pytest
 
 from conformance.contracts.control.harness import (
     ECHO,
@@ -24,7 +25,6 @@ from conformance.contracts.control.harness import (
     nonce,
     rig,
 )
-from conformance.contracts.control.marks import clause
 from conformance.contracts.control.spec import ControlSpec
 from conformance.harness import scaled
 
@@ -53,7 +53,7 @@ def _policy_bound(spec: ControlSpec) -> float:
     return _BOUND_MS[spec.capabilities.head_of_line]
 
 
-@clause("CTL-7")
+@pytest.mark.clause("CTL-7")
 def test_ctl7_slow_handler_delays_others_only_by_policy(
     control_spec: ControlSpec, record_property: Recorder
 ) -> None:
@@ -72,7 +72,7 @@ def test_ctl7_slow_handler_delays_others_only_by_policy(
         r.check()
 
 
-@clause("CTL-7")
+@pytest.mark.clause("CTL-7")
 def test_ctl7_client_vanishing_mid_request_costs_nothing(control_spec: ControlSpec) -> None:
     control_spec.require("server", "CTL-7")
     with rig(control_spec) as r:
@@ -91,7 +91,7 @@ def test_ctl7_client_vanishing_mid_request_costs_nothing(control_spec: ControlSp
         r.check()
 
 
-@clause("CTL-7")
+@pytest.mark.clause("CTL-7")
 def test_ctl7_client_that_never_reads_cannot_stall_the_server(
     control_spec: ControlSpec,
 ) -> None:

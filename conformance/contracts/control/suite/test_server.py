@@ -26,7 +26,6 @@ from conformance.contracts.control.harness import (
     nonce,
     rig,
 )
-from conformance.contracts.control.marks import clause
 from conformance.contracts.control.spec import ControlSpec
 from conformance.strategies import first_difference, msgpack_values
 
@@ -75,7 +74,7 @@ def _still_serving(r: Rig, clause: str) -> None:
 # -- CTL-1 ---------------------------------------------------------------------
 
 
-@clause("CTL-1")
+@pytest.mark.clause("CTL-1")
 @pytest.mark.parametrize("socket_kind", ["REQ", "DEALER"])
 def test_ctl1_every_declared_type_succeeds(control_spec: ControlSpec, socket_kind: str) -> None:
     """Each declared request type, PING included, with its declared body, from REQ and DEALER."""
@@ -89,7 +88,7 @@ def test_ctl1_every_declared_type_succeeds(control_spec: ControlSpec, socket_kin
         r.check()
 
 
-@clause("CTL-1")
+@pytest.mark.clause("CTL-1")
 @profiles.suite_settings()
 @given(bodies=st.lists(_bodies, min_size=1, max_size=5))
 def test_ctl1_added_handlers_answer_their_own_requests(
@@ -148,7 +147,7 @@ def _undecodable(raw: bytes) -> bool:
     return False
 
 
-@clause("CTL-2")
+@pytest.mark.clause("CTL-2")
 @profiles.suite_settings()
 @given(cases=st.lists(_malformed(), min_size=1, max_size=4))
 def test_ctl2_unknown_and_malformed_requests_get_error_replies(
@@ -175,7 +174,7 @@ def _decode_last(frames: list[bytes]) -> Any:
     return decode(frames[-1])
 
 
-@clause("CTL-2")
+@pytest.mark.clause("CTL-2")
 def test_ctl2_unknown_type_from_a_req_socket_is_answered(control_spec: ControlSpec) -> None:
     """The real trap: a REQ worker sending an unknown type must not wait forever."""
     control_spec.require("server", "CTL-2")
@@ -189,7 +188,7 @@ def test_ctl2_unknown_type_from_a_req_socket_is_answered(control_spec: ControlSp
         _still_serving(r, "CTL-2")
 
 
-@clause("CTL-2")
+@pytest.mark.clause("CTL-2")
 def test_ctl2_no_delimiter_and_raw_tcp_garbage(control_spec: ControlSpec) -> None:
     """A DEALER sending no delimiter gets ``[b"", error]``; a non-ZMTP TCP peer harms nothing."""
     import socket
@@ -209,7 +208,7 @@ def test_ctl2_no_delimiter_and_raw_tcp_garbage(control_spec: ControlSpec) -> Non
 # -- CTL-3 ---------------------------------------------------------------------
 
 
-@clause("CTL-3")
+@pytest.mark.clause("CTL-3")
 @profiles.suite_settings()
 @given(plan=st.lists(st.sampled_from([FAIL, BAD, ECHO]), min_size=1, max_size=6))
 def test_ctl3_raising_handlers_get_error_replies(
