@@ -198,7 +198,10 @@ class ControlClient:
         sock, monitor = self._sock, self._monitor
         assert sock is not None and monitor is not None
         if wait_s > 0:
-            timeout = math.ceil(wait_s * 1000)
+            # Whole 10 ms steps (never more than asked): the option changes rarely, so
+            # back-to-back requests skip the call.
+            wait_ms = wait_s * 1000
+            timeout = int(wait_ms // 10 * 10) if wait_ms >= 10 else math.ceil(wait_ms)
             if timeout != self._rcvtimeo:
                 sock.setsockopt(_RCVTIMEO, timeout)
                 self._rcvtimeo = timeout

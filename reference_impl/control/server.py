@@ -91,7 +91,11 @@ class ControlServer:
         if not self._poller.poll(max(timeout_ms, 0)):
             return 0
         sock = self._sock
-        answered = 0
+        try:
+            self._answer(sock.recv_multipart(_NOBLOCK))
+        except zmq.Again:  # POLLIN promises a whole message; defensive only
+            return 0
+        answered = 1
         while answered < self._max_batch and _readable(sock):
             self._answer(sock.recv_multipart(_NOBLOCK))
             answered += 1
