@@ -95,7 +95,8 @@ def _clip(text: str) -> str:
     return text if len(text) <= _MAX_TEXT else text[: _MAX_TEXT - 15] + "\n... (clipped)"
 
 
-_CLAUSE_ID = re.compile(r"\b(?:CONN|POLL|MSG|HB|RES|SEC)-\d+\b")
+#: A clause ID of any contract (filtered against the registry by the caller).
+_CLAUSE_ID = re.compile(r"\b[A-Z]{2,5}-\d+\b")
 
 
 def blamed_clauses(exc: BaseException, known: Iterable[str] = CLAUSES) -> tuple[str, ...]:

@@ -8,9 +8,10 @@ not declared is skipped with the reason, never passed.
 
 Keyword arguments the factory accepts are detected from its signature, and
 the suite passes its own values to make the clauses fast: ``buffer_steps``
-(a short retention, so EVT-4 reaches past it), ``max_queue`` (a small queue,
-so EVT-3 fills it), ``shutdown_timeout_ms`` (EVT-7's bound),
-``replay_stall_timeout_ms`` and ``data_parallel_rank`` (EVT-8).
+(a short retention, so EVT-4 reaches past it; a long one for EVT-5),
+``max_queue`` (a small queue, so EVT-3 fills it; only in that test),
+``shutdown_timeout_ms`` (EVT-7's bound), ``replay_stall_timeout_ms`` and
+``data_parallel_rank`` (EVT-8).
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ ENCODINGS: Final = ("map", "array")
 
 #: Retention the suite asks of a publisher that takes ``buffer_steps``.
 SUITE_BUFFER_STEPS: Final = 64
-#: Queue bound the suite asks of a publisher that takes ``max_queue``.
-SUITE_MAX_QUEUE: Final = 256
 #: Shutdown bound the suite asks of a publisher that takes ``shutdown_timeout_ms``.
 SUITE_SHUTDOWN_TIMEOUT_MS: Final = 1000
 #: Stall bound for replays the suite asks of a publisher that takes it.
@@ -153,11 +152,6 @@ class PublisherSpec:
         return self.capabilities.buffer_steps
 
     @property
-    def max_queue(self) -> int | None:
-        """The queue bound in force (``None``: the suite cannot make it small)."""
-        return SUITE_MAX_QUEUE if accepts(self.factory, "max_queue") else None
-
-    @property
     def data_parallel(self) -> bool:
         return bool(self.capabilities.data_parallel)
 
@@ -176,7 +170,6 @@ class PublisherSpec:
         kwargs: dict[str, Any] = {}
         for name, value in (
             ("buffer_steps", SUITE_BUFFER_STEPS),
-            ("max_queue", SUITE_MAX_QUEUE),
             ("shutdown_timeout_ms", SUITE_SHUTDOWN_TIMEOUT_MS),
             ("replay_stall_timeout_ms", SUITE_REPLAY_STALL_TIMEOUT_MS),
         ):

@@ -56,6 +56,20 @@ class SkipsSeqOnEncodeError(KVEventPublisher):
             self._counters.published += 1
 
 
+class PublishesNewestFirst(KVEventPublisher):
+    """Takes queued batches from the wrong end of its deque: whenever more than one is
+    waiting, subscribers get them newest first (seqs still count up)."""
+
+    def _publish_queued(self) -> None:
+        while self._queue:
+            batch = self._queue.pop()  # MUTATION: popleft() keeps the publish order
+            payload = encode_batch(batch, self.encoding)
+            seq = next(self._seq)
+            self._pub.send_multipart((self._topic, encode_seq(seq), payload))
+            self._buffer.append((seq, payload))
+            self._counters.published += 1
+
+
 class BlockingPublish(KVEventPublisher):
     """``publish()`` waits for room when the queue is full (``queue.Queue.put``):
     the engine's scheduler loop runs at the publisher thread's pace."""
@@ -217,6 +231,8 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("evt_seq_from_one", "SeqFromOne", "numbers batches from 1", "EVT-1"),
     _m("evt_skips_seq_on_encode_error", "SkipsSeqOnEncodeError",
        "a batch that cannot be encoded consumes a seq: a gap", "EVT-1"),
+    _m("evt_publishes_newest_first", "PublishesNewestFirst",
+       "queued batches go out newest first", "EVT-2", "EVT-1"),
     _m("evt_blocking_publish", "BlockingPublish",
        "publish() waits for room on a full queue instead of shedding", "EVT-3"),
     _m("evt_replay_off_by_one", "ReplayOffByOne", "replays from start + 1", "EVT-4"),

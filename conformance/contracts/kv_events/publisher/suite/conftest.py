@@ -1,0 +1,24 @@
+"""Fixtures of the publisher suite: the publisher under test.
+
+``kv_publisher_spec`` is the publisher the session configured
+(``--zmq-contract kv-events-publisher --zmq-transport MODULE:ATTR``, see
+:mod:`conformance.selection`), or the reference when this suite is collected
+in a session of another contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conformance.contracts.kv_events.publisher.clauses import CONTRACT
+from conformance.contracts.kv_events.spec import PublisherSpec
+from conformance.fixtures import contract_spec
+
+
+@pytest.fixture
+def kv_publisher_spec(request: pytest.FixtureRequest, zmq_transport_factory: Any
+                      ) -> PublisherSpec:
+    spec: PublisherSpec = contract_spec(request, zmq_transport_factory, CONTRACT)
+    return spec

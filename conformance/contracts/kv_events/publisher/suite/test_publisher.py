@@ -1,0 +1,470 @@
+"""EVT-1 .. EVT-8: the publisher under test against raw-socket subscribers and replay clients.
+
+Each test builds a fresh publisher on fresh ports (:class:`Rig`), plays its
+peers with plain pyzmq sockets and compares what arrives with the model of
+what was published. Hypothesis draws the batches, the replay starts and the
+hostile requests; the shrunk example names the shortest input that breaks
+the clause.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance import resources, watchdog
+from conformance.contracts.kv_events.publisher.peers import (
+    PATIENCE_S,
+    ReplayClient,
+    Rig,
+    free_ports,
+    make_batch,
+    tcp,
+)
+from conformance.contracts.kv_events.spec import PublisherSpec, accepts
+from conformance.profiles import suite_settings
+from reference_impl.kv_events.schema import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+)
+
+# -- strategies -------------------------------------------------------------------------
+
+_hashes = st.one_of(st.integers(0, 2**64 - 1), st.binary(min_size=1, max_size=32))
+_medium = st.one_of(st.none(), st.sampled_from(["GPU", "CPU", "disk"]))
+_stored = st.builds(
+    BlockStored,
+    block_hashes=st.lists(_hashes, min_size=1, max_size=4),
+    parent_block_hash=st.one_of(st.none(), _hashes),
+    token_ids=st.lists(st.integers(0, 2**31 - 1), max_size=64),
+    block_size=st.integers(1, 256),
+    lora_id=st.one_of(st.none(), st.integers(0, 1000)),
+    medium=_medium,
+    lora_name=st.one_of(st.none(), st.text(max_size=8)),
+)
+_removed = st.builds(BlockRemoved, block_hashes=st.lists(_hashes, min_size=1, max_size=4),
+                     medium=_medium)
+_event = st.one_of(_stored, _removed, st.just(AllBlocksCleared()))
+batches = st.builds(
+    KVEventBatch,
+    ts=st.floats(allow_nan=False, allow_infinity=False),
+    events=st.lists(_event, max_size=6),
+    data_parallel_rank=st.one_of(st.none(), st.integers(0, 7)),
+)
+#: A batch the wire cannot carry (a block hash past 64 bits): the publisher must
+#: refuse it (raise) or skip it without consuming a sequence number.
+UNENCODABLE = KVEventBatch(ts=0.0, events=[BlockRemoved(block_hashes=[2**70], medium=None)])
+
+
+def _rig(spec: PublisherSpec, clause: str, **overrides: Any) -> Rig:
+    return Rig(spec, clause=clause, **overrides)
+
+
+# -- EVT-1, EVT-2 -------------------------------------------------------------------------
+
+
+@pytest.mark.clause("EVT-1")
+@suite_settings()
+@given(items=st.lists(st.one_of(batches, st.just(UNENCODABLE)), min_size=1, max_size=12))
+def test_framing_and_sequence(kv_publisher_spec: PublisherSpec,
+                              items: list[KVEventBatch]) -> None:
+    """Every batch is one [topic, seq, payload] message; seq i carries the i-th encodable
+    batch, so numbering starts at 0 and an unencodable batch leaves no gap."""
+    with _rig(kv_publisher_spec, "EVT-1") as rig:
+        sub = rig.sub()
+        rig.join(sub)
+        for batch in items:
+            rig.publish(batch)
+        rig.publish(make_batch())  # a last encodable batch marks the end
+        rig.wait_all(sub)
+        rig.check_stream(sub, clause="EVT-1")
+
+
+@pytest.mark.clause("EVT-2")
+@suite_settings()
+@given(bursts=st.lists(st.integers(1, 200), min_size=1, max_size=4),
+       late_joiner=st.booleans(), leaver=st.booleans())
+def test_reading_subscribers_get_every_batch_once_in_order(
+    kv_publisher_spec: PublisherSpec, bursts: list[int], late_joiner: bool, leaver: bool
+) -> None:
+    """Subscribers that joined (got a first batch) and keep reading get every later
+    batch once, in order, whoever else comes and goes."""
+    with _rig(kv_publisher_spec, "EVT-2") as rig:
+        subs = [rig.sub(), rig.sub()]
+        for sub in subs:
+            rig.join(sub)
+        gone = subs.pop() if leaver else None
+        for index, size in enumerate(bursts):
+            for _ in range(size):
+                rig.publish(make_batch())
+            for sub in subs:
+                sub.drain()
+            if index == 0 and late_joiner:
+                late = rig.sub()
+                rig.join(late)
+                subs.append(late)
+            if gone is not None:
+                rig.drop(gone)
+                gone = None
+        for sub in subs:
+            rig.wait_all(sub, pump=lambda: [s.drain() for s in subs])
+            rig.check_stream(sub, clause="EVT-2")
+
+
+# -- EVT-3 -----------------------------------------------------------------------------
+
+
+def _heavy_batch() -> KVEventBatch:
+    """A batch whose encoding takes the publisher measurable time (~1 ms)."""
+    stored = BlockStored(block_hashes=list(range(64)), parent_block_hash=None,
+                         token_ids=list(range(150_000)), block_size=16, lora_id=None,
+                         medium="GPU")
+    return KVEventBatch(ts=0.0, events=[stored])
+
+
+@pytest.mark.clause("EVT-3")
+def test_publish_never_blocks_without_or_with_a_stalled_subscriber(
+    kv_publisher_spec: PublisherSpec,
+) -> None:
+    """No subscriber, then a subscriber that never reads (receive high-water mark 1):
+    every publish() returns (watchdog), and a reading subscriber still gets its stream."""
+    with _rig(kv_publisher_spec, "EVT-3") as rig:
+        for _ in range(1000):
+            rig.publish(make_batch())
+        stalled = rig.sub(rcvhwm=1)
+        reader = rig.sub()
+        rig.join(reader)
+        stalled.drain()  # one message at most; it never reads again
+        for _ in range(2000):
+            rig.publish(make_batch(events=3, tokens=64))
+            if len(rig.model) % 200 == 0:
+                reader.drain()
+        rig.wait_all(reader)
+        rig.check_stream(reader, clause="EVT-3")
+
+
+@pytest.mark.clause("EVT-3")
+def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: PublisherSpec) -> None:
+    """With a small queue (the factory's ``max_queue``) and batches that take the
+    publisher ~1 ms each, a burst of publish() calls must not run at the publisher's
+    pace: the caller may spend at most a quarter of the time encoding those batches
+    takes. What is shed is reported (publish() raised, or stats()["dropped"]), and what
+    is published stays in order."""
+    if not accepts(kv_publisher_spec.factory, "max_queue"):
+        pytest.skip("EVT-3 full queue: the factory takes no max_queue keyword, so the suite "
+                    "cannot make its queue small")
+    heavy = _heavy_batch()
+    encoding: Any = kv_publisher_spec.encoding
+    started = time.perf_counter()
+    encode_batch(heavy, encoding)
+    one = time.perf_counter() - started  # a lower bound of what a batch costs the publisher
+    burst = 300
+    with _rig(kv_publisher_spec, "EVT-3", max_queue=8) as rig:
+        reader = rig.sub()
+        rig.join(reader)
+        before = dict(rig.stats())
+        copies = [msgspec.structs.replace(heavy, ts=float(10**9 + i)) for i in range(burst)]
+        accepted = len(rig.model)
+        started = time.perf_counter()
+        for batch in copies:
+            accepted += rig.publish(batch, track=False)
+        spent = time.perf_counter() - started
+        budget = (burst - 8) * one / 4
+        assert spent <= budget, (
+            f"EVT-3: {burst} publish() calls on a full queue took {spent * 1000:.0f} ms, "
+            f"more than a quarter of the {(burst - 8) * one * 1000:.0f} ms the publisher "
+            f"needs to encode them: publish() waits for the publisher instead of shedding"
+        )
+        # Publish markers until one arrives: then everything before it was published
+        # or shed, and the counters are final.
+        deadline = time.monotonic() + PATIENCE_S
+        markers: set[float] = set()
+        while not (reader.got and decode_batch(reader.got[-1][2], encoding).ts in markers):
+            assert time.monotonic() < deadline, "EVT-3: the publisher stopped publishing"
+            marker = make_batch()
+            if rig.publish(marker, track=False):
+                accepted += 1
+                markers = {marker.ts}  # the newest: nothing is in flight once it is here
+            reader.drain(50)
+        seqs = [int.from_bytes(m[1], "big") for m in reader.got]
+        gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
+        assert not gaps, f"EVT-3: seq {gaps[0][0]} then {gaps[0][1]}: shedding left a gap"
+        stamps = [decode_batch(m[2], encoding).ts for m in reader.got]
+        burst_stamps = [t for t in stamps if t >= 10**9]
+        assert burst_stamps == sorted(burst_stamps), "EVT-3: shed batches reordered the rest"
+        dropped = int(rig.stats().get("dropped", 0)) - int(before.get("dropped", 0))
+        assert seqs[-1] + 1 + dropped == accepted, (
+            f"EVT-3: {accepted} batches accepted by publish(), {seqs[-1] + 1} published, "
+            f"{dropped} reported shed: "
+            f"{accepted - seqs[-1] - 1 - dropped} vanished without a report"
+        )
+
+
+# -- EVT-4 -------------------------------------------------------------------------------
+
+
+def _publish_and_settle(rig: Rig, count: int) -> None:
+    sub = rig.sub()
+    rig.join(sub)
+    for _ in range(count):
+        rig.publish(make_batch())
+    rig.wait_all(sub)
+    rig.drop(sub)
+
+
+def _check_replay(rig: Rig, client: ReplayClient, start: int, clause: str,
+                  retained: int | None) -> None:
+    answers, ended = client.read(clause=clause)
+    newest = len(rig.model) - 1
+    oldest = 0 if retained is None else max(0, newest - retained + 1)
+    first = max(start, oldest)
+    want = list(range(first, newest + 1))
+    got = [seq for seq, _ in answers]
+    assert ended, (
+        f"{clause}: replay from {start} got {len(answers)} answers (seqs {got[:5]}...) and no "
+        f"end marker [b'', -1 (8 bytes, signed), b'']"
+    )
+    assert got == want, (
+        f"{clause}: replay from {start} (retained {oldest}..{newest}) answered seqs "
+        f"{got[:8]}{'...' if len(got) > 8 else ''}, expected {want[:8]}"
+        f"{'...' if len(want) > 8 else ''}"
+    )
+    for seq, payload in answers:
+        rig.check_message((rig.topic.encode(), seq.to_bytes(8, "big"), payload))
+
+
+@pytest.mark.clause("EVT-4")
+@suite_settings()
+@given(count=st.integers(1, 40), starts=st.lists(st.integers(0, 48), min_size=1, max_size=3))
+def test_replay_from_start_then_end_marker(kv_publisher_spec: PublisherSpec, count: int,
+                                           starts: list[int]) -> None:
+    """Replay answers every batch with seq >= start, in order, as published, then the end
+    marker; a start past the newest gets the end marker alone."""
+    with _rig(kv_publisher_spec, "EVT-4") as rig:
+        _publish_and_settle(rig, count)
+        client = rig.replay_client()
+        for start in starts:
+            client.request(start)
+            _check_replay(rig, client, start, "EVT-4", kv_publisher_spec.buffer_steps)
+
+
+@pytest.mark.clause("EVT-4")
+def test_replay_older_than_retention_starts_at_the_oldest(
+    kv_publisher_spec: PublisherSpec,
+) -> None:
+    """More batches than retained: a replay from 0 starts at the oldest retained one."""
+    retained = kv_publisher_spec.buffer_steps
+    if retained is None:
+        pytest.skip("EVT-4 retention: declare buffer_steps (or take a buffer_steps keyword)")
+    with _rig(kv_publisher_spec, "EVT-4") as rig:
+        _publish_and_settle(rig, retained + 17)
+        client = rig.replay_client()
+        client.request(0)
+        _check_replay(rig, client, 0, "EVT-4", retained)
+
+
+# -- EVT-5 -------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("EVT-5")
+def test_slow_reader_gets_all_of_a_replay_or_no_end_marker(
+    kv_publisher_spec: PublisherSpec,
+) -> None:
+    """A replay far larger than what the reader's pipe holds, to a reader that stops
+    reading for a while and then drains: an end marker only after every batch."""
+    if (not accepts(kv_publisher_spec.factory, "buffer_steps")
+            and (kv_publisher_spec.buffer_steps or 0) < 2500):
+        pytest.skip("EVT-5: needs a retention of 2500 batches (a buffer_steps keyword)")
+    with _rig(kv_publisher_spec, "EVT-5", buffer_steps=2500) as rig:
+        reader = rig.sub()
+        rig.join(reader)
+        for _ in range(2500):
+            rig.publish(make_batch(events=3, tokens=4000))
+            if len(rig.model) % 100 == 0:
+                reader.drain()
+        rig.wait_all(reader)
+        rig.drop(reader)
+        client = rig.replay_client(rcvhwm=1)
+        start = len(rig.model) - 2400
+        client.request(start)
+        deadline = time.monotonic() + 0.4  # the reader stalls; its pipe and TCP buffers fill
+        while time.monotonic() < deadline:
+            rig.publish(make_batch())  # publishing goes on meanwhile
+            time.sleep(0.01)
+        answers, ended = client.read(clause="EVT-5", timeout=2.0)
+        got = [seq for seq, _ in answers]
+        if ended:
+            missing = sorted(set(range(start, start + 2400)) - set(got))
+            assert not missing and got == sorted(got), (
+                f"EVT-5: the end marker came after {len(got)} of 2400 replayed batches "
+                f"(first missing seq {missing[0] if missing else '-'}): the replay was "
+                f"truncated silently"
+            )
+
+
+# -- EVT-6 -------------------------------------------------------------------------------
+
+_HOSTILE: dict[str, list[bytes]] = {
+    "empty-only": [b""],
+    "no-delimiter": [(5).to_bytes(8, "big")],
+    "seq-4-bytes": [b"", b"\x00\x00\x00\x01"],
+    "seq-9-bytes": [b"", b"\x00" * 9],
+    "extra-frame": [b"", (0).to_bytes(8, "big"), b"more"],
+    "negative-seq": [b"", (-5).to_bytes(8, "big", signed=True)],
+    "huge-seq": [b"", (2**63 - 1).to_bytes(8, "big")],
+    "garbage": [b"\xff\xfe", b"not a seq at all", b"", b""],
+}
+
+
+@pytest.mark.clause("EVT-6")
+@suite_settings()
+@given(kinds=st.lists(st.sampled_from([*_HOSTILE, "flood", "gone-mid-replay"]), min_size=1,
+                      max_size=5))
+def test_hostile_replay_requests_stop_nothing(kv_publisher_spec: PublisherSpec,
+                                              kinds: list[str]) -> None:
+    """After hostile requests the publisher still publishes (a reading subscriber gets
+    new batches) and still serves an honest replay client."""
+    with _rig(kv_publisher_spec, "EVT-6") as rig:
+        reader = rig.sub()
+        rig.join(reader)
+        for _ in range(30):
+            rig.publish(make_batch())
+        rig.wait_all(reader)
+        hostile = rig.replay_client()
+        for kind in kinds:
+            if kind == "flood":
+                for start in range(300):
+                    hostile.request(start % 40)
+            elif kind == "gone-mid-replay":
+                gone = rig.replay_client()
+                gone.request(0)
+                rig.drop(gone)
+            else:
+                hostile.send(_HOSTILE[kind])
+        for _ in range(5):
+            rig.publish(make_batch())
+        rig.wait_all(reader)
+        rig.check_stream(reader, clause="EVT-6")
+        honest = rig.replay_client()
+        start = len(rig.model) - 3
+        honest.request(start)
+        _check_replay(rig, honest, start, "EVT-6", kv_publisher_spec.buffer_steps)
+
+
+# -- EVT-7 -------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("EVT-7")
+def test_shutdown_is_bounded_delivers_the_queue_and_releases_everything(
+    kv_publisher_spec: PublisherSpec,
+) -> None:
+    """A burst then shutdown() at once: it returns within the declared bound (+1 s), every
+    queued batch is published or reported, descriptors and threads are released, and
+    publish() afterwards raises."""
+    bound = kv_publisher_spec.shutdown_timeout_ms / 1000 + 1.0
+    baseline = resources.wait_until_stable()
+    rig = _rig(kv_publisher_spec, "EVT-7")
+    try:
+        reader = rig.sub()
+        rig.join(reader)
+        for _ in range(3000):
+            rig.publish(make_batch())
+        took = rig.shutdown(limit=bound + 2.0)
+        assert took <= bound, f"EVT-7: shutdown() took {took:.2f} s, bound {bound:.2f} s"
+        stats = rig.stats()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and (
+            not reader.got or int.from_bytes(reader.got[-1][1], "big") < len(rig.model) - 1
+        ):
+            reader.drain(20)
+        published = int.from_bytes(reader.got[-1][1], "big") + 1
+        reported = int(stats.get("undelivered", 0)) + int(stats.get("dropped", 0))
+        assert published + reported >= len(rig.model), (
+            f"EVT-7: {len(rig.model)} batches accepted, {published} published before "
+            f"shutdown() returned, {reported} reported undelivered: "
+            f"{len(rig.model) - published - reported} dropped silently"
+        )
+        rig.check_stream(reader, clause="EVT-7")
+        try:
+            rig.publisher.publish(make_batch())
+        except Exception:
+            pass
+        else:
+            raise AssertionError("EVT-7: publish() after shutdown() did not raise")
+    finally:
+        rig.close()
+    if resources.supported():
+        resources.wait_for_release(baseline, what="EVT-7: after shutdown()", timeout=5.0)
+
+
+# -- EVT-8 -------------------------------------------------------------------------------
+
+
+@pytest.mark.clause("EVT-8")
+@pytest.mark.parametrize("ranks", [4])
+def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
+    kv_publisher_spec: PublisherSpec, ranks: int
+) -> None:
+    """Ranks 0..N-1 built from one configuration (PUB and replay on adjacent ports, as
+    vLLM's defaults 5557/5558) all start, bind distinct endpoints, and each serves its
+    own stream."""
+    if not kv_publisher_spec.data_parallel:
+        pytest.skip("EVT-8: the factory takes no data_parallel_rank keyword (declare "
+                    "data_parallel)")
+    encoding: Any = kv_publisher_spec.encoding
+    base = free_ports(2 * ranks + 2, consecutive=True)[0]
+    endpoint, replay = tcp(base), tcp(base + 1)
+    publishers: list[Any] = []
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        for rank in range(ranks):
+            try:
+                publishers.append(watchdog.call(
+                    "publisher factory", kv_publisher_spec.build, endpoint, replay,
+                    topic="kv", rank=rank))
+            except Exception as exc:
+                raise AssertionError(
+                    f"EVT-8: rank {rank} of {ranks} failed to start with the configuration "
+                    f"{endpoint} / {replay}: {type(exc).__name__}: {exc}"
+                ) from None
+        bound = [(getattr(p, "endpoint", None), getattr(p, "replay_endpoint", None))
+                 for p in publishers]
+        flat = [e for pair in bound for e in pair if e is not None]
+        assert len(flat) == len(set(flat)), f"EVT-8: ranks share endpoints: {bound}"
+        for rank, (pub_ep, _) in enumerate(bound):
+            if pub_ep is None:
+                continue
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(pub_ep)
+            deadline = time.monotonic() + PATIENCE_S
+            got = None
+            while got is None:
+                assert time.monotonic() < deadline, f"EVT-8: rank {rank} publishes nothing"
+                batch = make_batch()
+                watchdog.call("publish()", publishers[rank].publish, batch)
+                if sub.poll(20):
+                    got = sub.recv_multipart()
+            decoded = decode_batch(got[2], encoding)
+            assert decoded.data_parallel_rank in (None, rank), (
+                f"EVT-8: rank {rank}'s endpoint {pub_ep} carries batches of rank "
+                f"{decoded.data_parallel_rank}"
+            )
+            sub.close(0)
+    finally:
+        for publisher in publishers:
+            watchdog.call("shutdown()", publisher.shutdown)
+        ctx.destroy(0)
+
