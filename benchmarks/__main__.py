@@ -27,6 +27,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int], dict[str, int]]]] = {
     "detection": ("benchmarks.detection", lambda r: {"trials": max(5, r * 3)}),
     "proxy": ("benchmarks.proxy_overhead", lambda r: {"repeats": r}),
     "kv_events": ("benchmarks.kv_events", lambda r: {"repeats": max(1, r - 2)}),
+    "control": ("benchmarks.control", lambda r: {"repeats": r}),
 }
 SECTIONS = tuple(_SECTIONS)
 

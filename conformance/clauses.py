@@ -1,7 +1,7 @@
 """The clause registry: every clause of every contract, by stable ID.
 
 A clause is one requirement of one contract (``p2p``,
-``kv-events-publisher``, ``kv-events-subscriber``). Each contract family
+``kv-events-publisher``, ``kv-events-subscriber``, ``control``). Each contract family
 writes its clause texts in its own package
 (``conformance/contracts/<family>/.../clauses.py``); this module defines
 :class:`Clause` and merges those tables into :data:`CLAUSES`, the single
@@ -63,6 +63,7 @@ def get(clause_id: str) -> Clause:
 
 # The families' tables import Clause from this module, so they load after it
 # is defined (conformance.contracts imports this module before any family).
+from conformance.contracts.control.clauses import CLAUSES as _CONTROL  # noqa: E402
 from conformance.contracts.kv_events.publisher.clauses import (  # noqa: E402
     CLAUSES as _PUBLISHER,
 )
@@ -72,4 +73,4 @@ from conformance.contracts.kv_events.subscriber.clauses import (  # noqa: E402
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P  # noqa: E402
 
 #: Every clause of every contract, contract by contract (see conformance.contracts).
-CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER))
+CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL))

@@ -10,7 +10,9 @@ family package under ``conformance/contracts/``:
 - ``kv-events-publisher`` and ``kv-events-subscriber``
   (:mod:`conformance.contracts.kv_events`): the KV-cache event stream
   (PUB + replay ROUTER), the publisher under test (EVT) or the consumer under
-  test (EVS).
+  test (EVS);
+- ``control`` (:mod:`conformance.contracts.control`): the worker/server control
+  channel, request/reply with PING heartbeats (CTL).
 
 Everything a run needs is named by string (``MODULE:ATTR`` or package name)
 and imported only when used, so importing this module stays cheap and never
@@ -26,6 +28,7 @@ from typing import Any, Final
 
 # Loads the Clause type before any family's clause table (see conformance.clauses).
 from conformance.clauses import Clause
+from conformance.contracts.control.clauses import CLAUSES as _CONTROL
 from conformance.contracts.kv_events.publisher.clauses import CLAUSES as _PUBLISHER
 from conformance.contracts.kv_events.subscriber.clauses import CLAUSES as _SUBSCRIBER
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P
@@ -138,9 +141,27 @@ _SUBSCRIBER_CONTRACT = Contract(
     probe=(_KV_ENDPOINTS, {"topic": ""}),
 )
 
+_CONTROL_CONTRACT = Contract(
+    name="control",
+    title="worker/server control channel (request/reply, PING heartbeats, re-registration)",
+    clauses=_CONTROL,
+    suite=("conformance.contracts.control.suite",),
+    chaos_suite=("conformance.contracts.control.chaos_suite",),
+    default_factory="reference_impl.control:REFERENCE",
+    mutants="conformance.contracts.control.mutants:CATALOG",
+    fixture="control_spec",
+    make_spec="conformance.contracts.control.spec:make_spec",
+    capabilities="conformance.contracts.control.spec:ControlCapabilities",
+    factory_shape="an object with factories server(endpoint, handlers) and/or "
+    "client(endpoint, *, heartbeat_ivl_ms, heartbeat_timeout_ms, request_timeout_ms, "
+    "register), or a callable of no arguments returning one",
+    probe=((), {}),
+)
+
 #: Every contract by name, in the order ``list`` shows them.
 CONTRACTS: Final[dict[str, Contract]] = {
-    c.name: c for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT)
+    c.name: c
+    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT)
 }
 DEFAULT_CONTRACT: Final = "p2p"
 

@@ -1,0 +1,371 @@
+"""The reference control client: a DEALER with request ids and lazy-pirate rebuilds.
+
+Why a DEALER and not a REQ: a REQ socket that lost a reply refuses to send
+again (EFSM) and cannot have a PING in flight next to a request. The DEALER
+sends ``[request id (8 bytes), b"", payload]``; a REP-compatible server
+echoes the id frame, so every reply is matched to its own request by id, and
+PONGs, registration replies and late replies of abandoned requests are never
+taken for the answer the caller waits for (CTL-5).
+
+Lazy pirate: when a request times out, or a PING goes unanswered for the
+heartbeat timeout, the socket is closed (linger 0) and a new one connected.
+That discards requests still queued for a dead server (they would otherwise
+run late, on a server that restarted) and replies that might still arrive,
+and it forces a fresh TCP connection, so a half-open one never pins the
+client (CTL-4).
+
+Heartbeats: at most one PING in flight; the next one goes out one interval
+after the previous was sent. A PING unanswered for ``heartbeat_timeout_ms``
+makes ``alive`` False; any reply makes it True again. After a silent
+partition the first PING that cannot be answered leaves within one interval,
+so detection lands in ``[timeout, timeout + interval]`` (CTL-5).
+
+Re-registration: a socket monitor reports every completed ZMTP handshake,
+i.e. every (re)connection to a server instance: at start, after the server
+restarted, after a partition healed or a rebuild. Each one makes the client
+send its ``register`` request by itself, before the caller's next request
+(CTL-6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+import msgspec
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from reference_impl.control.interface import (
+    PING,
+    ClientClosed,
+    ControlError,
+    Message,
+    RequestRejected,
+    RequestTimeout,
+    is_error_reply,
+)
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
+_instances = itertools.count()
+#: Longest gap between two looks at the socket monitor inside request().
+_EVENTS_EVERY_S = 0.005
+# Plain ints: pyzmq's enum arithmetic costs microseconds per call on the hot path.
+_EVENTS, _POLLIN, _NOBLOCK, _RCVTIMEO = (int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK),
+                                         int(zmq.RCVTIMEO))
+
+
+class ControlClient:
+    """``ControlClient(endpoint, *, heartbeat_ivl_ms, heartbeat_timeout_ms, request_timeout_ms)``.
+
+    Args:
+        endpoint: the server's endpoint (``tcp://host:port``).
+        heartbeat_ivl_ms: PING interval.
+        heartbeat_timeout_ms: an unanswered PING older than this marks the
+            server dead.
+        request_timeout_ms: :meth:`request` raises :class:`RequestTimeout`
+            after this long without the reply.
+        register: ``(type, body)`` sent by the client itself on every
+            (re)connection to a server, or ``None``.
+        reconnect_ivl_ms / reconnect_ivl_max_ms: libzmq's reconnect backoff.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        heartbeat_ivl_ms: int = 1000,
+        heartbeat_timeout_ms: int = 3000,
+        request_timeout_ms: int = 2500,
+        register: tuple[str, Mapping[str, Any]] | None = None,
+        reconnect_ivl_ms: int = 100,
+        reconnect_ivl_max_ms: int = 1000,
+    ) -> None:
+        for name, value in (
+            ("heartbeat_ivl_ms", heartbeat_ivl_ms),
+            ("heartbeat_timeout_ms", heartbeat_timeout_ms),
+            ("request_timeout_ms", request_timeout_ms),
+            ("reconnect_ivl_ms", reconnect_ivl_ms),
+            ("reconnect_ivl_max_ms", reconnect_ivl_max_ms),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int (milliseconds), got {value!r}")
+        if register is not None:
+            kind, body = register
+            self._register_payload: bytes | None = _encode_request(kind, body)
+        else:
+            self._register_payload = None
+        self.endpoint = endpoint
+        self._ivl = heartbeat_ivl_ms / 1000
+        self._hb_timeout = heartbeat_timeout_ms / 1000
+        self._req_timeout = request_timeout_ms / 1000
+        self._reconnect = (reconnect_ivl_ms, reconnect_ivl_max_ms)
+        self._instance = next(_instances)
+        self._ids = itertools.count(1)
+        self._generation = 0
+        self._closed = False
+        self._alive = True
+        self._ping: tuple[int, float] | None = None
+        self._next_ping_at = time.monotonic()
+        self._need_register = False
+        self._registration: tuple[int, float] | None = None
+        #: Statistics, for tests and benchmarks.
+        self.rebuilds = 0
+        self.registrations = 0
+        self._awaiting: int | None = None
+        self._rcvtimeo = -1
+        self._events_due = 0.0
+        self._answer: Message | None = None
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        try:
+            self._open()
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+
+    # -- the interface ---------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """False once a PING went unanswered for the heartbeat timeout; True after a reply."""
+        return self._alive
+
+    def request(self, type: str, body: Mapping[str, Any]) -> Message:
+        """Send ``{"type": type, **body}``; return its success reply or raise (see the module)."""
+        if self._closed:
+            raise ClientClosed(f"request({type!r}) on a closed ControlClient")
+        payload = _encode_request(type, body)
+        now = time.monotonic()
+        if now >= self._events_due:
+            # Socket events (a reconnection to register on) at most every few
+            # milliseconds: back-to-back requests skip the system call.
+            self._events_due = now + _EVENTS_EVERY_S
+            assert self._monitor is not None
+            if _readable(self._monitor):
+                self._drain_monitor()
+        self._housekeeping(now)
+        rid = next(self._ids)
+        self._awaiting, self._answer = rid, None
+        try:
+            self._send(rid, payload)
+            deadline = time.monotonic() + self._req_timeout
+            while self._answer is None:
+                now = time.monotonic()
+                if now >= deadline:
+                    self._rebuild()
+                    raise RequestTimeout(
+                        f"no reply to {type!r} from {self.endpoint} within "
+                        f"{self._req_timeout * 1000:.0f} ms (socket rebuilt)"
+                    )
+                self._io(min(deadline, self._next_event()) - now)
+            answer = self._answer
+        finally:
+            self._awaiting, self._answer = None, None
+        if is_error_reply(answer):
+            raise RequestRejected(f"{type!r} rejected by {self.endpoint}: {answer['error']}",
+                                  answer)
+        return answer
+
+    def tick(self) -> None:
+        """Drive heartbeats, registration and socket events; never blocks."""
+        if not self._closed:
+            self._io(0)
+
+    def close(self) -> None:
+        """Close the sockets and terminate the context (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_sockets()
+        self._ctx.term()
+
+    # -- I/O ---------------------------------------------------------------------
+
+    def _io(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` for a reply, take in replies and events, run due heartbeat work.
+
+        The wait is a blocking receive with ``ZMQ_RCVTIMEO`` (the cheapest
+        wait pyzmq offers). Monitor events are read without waiting: they
+        only matter at the next heartbeat step, which bounds the wait.
+        """
+        sock, monitor = self._sock, self._monitor
+        assert sock is not None and monitor is not None
+        if wait_s > 0:
+            # Whole 10 ms steps (never more than asked): the option changes rarely, so
+            # back-to-back requests skip the call.
+            wait_ms = wait_s * 1000
+            timeout = int(wait_ms // 10 * 10) if wait_ms >= 10 else math.ceil(wait_ms)
+            if timeout != self._rcvtimeo:
+                sock.setsockopt(_RCVTIMEO, timeout)
+                self._rcvtimeo = timeout
+            with contextlib.suppress(zmq.Again):
+                self._take(sock.recv_multipart())
+            if self._answer is not None:
+                return  # the caller's reply: the rest waits for the next call
+        elif _readable(sock):
+            self._drain_replies()
+        if _readable(monitor):
+            self._drain_monitor()
+        self._housekeeping(time.monotonic())
+
+    def _next_event(self) -> float:
+        """When heartbeat work is next due (``time.monotonic()``)."""
+        if self._ping is not None:
+            return self._ping[1] + self._hb_timeout
+        return self._next_ping_at
+
+    def _housekeeping(self, now: float) -> None:
+        if self._ping is not None and now - self._ping[1] >= self._hb_timeout:
+            self._on_heartbeat_timeout()
+            now = time.monotonic()
+        if self._ping is None and now >= self._next_ping_at:
+            rid = next(self._ids)
+            if self._send(rid, _PING_PAYLOAD, quiet=True):
+                self._ping = (rid, now)
+            self._next_ping_at = now + self._ivl
+        if self._registration is not None and now - self._registration[1] >= self._req_timeout:
+            self._registration = None  # lost: try again below
+        if self._need_register and self._registration is None and self._register_payload:
+            rid = next(self._ids)
+            if self._send(rid, self._register_payload, quiet=True):
+                self._registration = (rid, now)
+
+    def _on_heartbeat_timeout(self) -> None:
+        """The server is silent: mark it dead and start over on a fresh socket.
+
+        Not while a request waits: its message may sit in this socket's
+        queue, about to cross a connection being re-established, and
+        :meth:`request` rebuilds on its own timeout anyway.
+        """
+        self._alive = False
+        if self._awaiting is None:
+            self._rebuild(carry_ping=False)
+        else:
+            self._ping = None
+        self._next_ping_at = time.monotonic()
+
+    def _send(self, rid: int, payload: bytes, *, quiet: bool = False) -> bool:
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart([rid.to_bytes(8, "big"), b"", payload], _NOBLOCK)
+        except zmq.Again:
+            if quiet:
+                return False
+            raise ControlError(f"send queue to {self.endpoint} is full") from None
+        return True
+
+    def _drain_replies(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while _readable(sock):
+            self._take(sock.recv_multipart(_NOBLOCK))
+
+    def _take(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[0]) != 8 or frames[1] != b"":
+            return  # not an answer to anything we sent
+        try:
+            reply = _DECODER.decode(frames[2])
+        except (msgspec.DecodeError, ValueError):
+            return
+        if isinstance(reply, dict):
+            self._on_reply(int.from_bytes(frames[0], "big"), reply)
+
+    def _on_reply(self, rid: int, reply: Message) -> None:
+        """Route one reply by its request id; anything unmatched is stale and dropped."""
+        self._alive = True
+        if self._ping is not None and rid == self._ping[0]:
+            self._ping = None
+        elif self._registration is not None and rid == self._registration[0]:
+            self._registration = None
+            if not is_error_reply(reply):
+                self._need_register = False
+                self.registrations += 1
+        elif rid == self._awaiting:
+            self._answer = reply
+
+    def _drain_monitor(self) -> None:
+        monitor = self._monitor
+        assert monitor is not None
+        while _readable(monitor):
+            frames = monitor.recv_multipart(zmq.NOBLOCK)
+            event = parse_monitor_message(frames)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._on_connected()
+
+    def _on_connected(self) -> None:
+        """A ZMTP handshake with a server instance completed: (re-)register."""
+        if self._register_payload is not None:
+            self._need_register = True
+            self._registration = None
+
+    # -- sockets ---------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self._generation += 1
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, self._reconnect[0])
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._reconnect[1])
+        address = f"inproc://ctl-client-{self._instance}-{self._generation}"
+        sock.monitor(address, zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        monitor = self._ctx.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+        sock.connect(self.endpoint)
+        self._sock, self._monitor = sock, monitor
+        self._rcvtimeo = -1
+
+    def _close_sockets(self) -> None:
+        # The monitored socket first: closing the monitor's reader first can hang teardown.
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+
+    def _rebuild(self, *, carry_ping: bool = True) -> None:
+        """Lazy pirate: a fresh socket; whatever was queued or in flight is abandoned.
+
+        A PING in flight is lost with the socket, but its deadline is not:
+        a replacement goes out at once on the new socket and inherits the
+        lost one's send time, so a rebuild never postpones detection (CTL-5).
+        """
+        lost = self._ping if carry_ping else None
+        self._close_sockets()
+        self._ping = None
+        self._registration = None
+        self.rebuilds += 1
+        self._open()
+        if lost is not None:
+            rid = next(self._ids)
+            if self._send(rid, _PING_PAYLOAD, quiet=True):
+                self._ping = (rid, lost[1])
+
+
+_PING_PAYLOAD = _ENCODER.encode({"type": PING})
+
+
+def _encode_request(kind: str, body: Mapping[str, Any]) -> bytes:
+    if not isinstance(kind, str):
+        raise TypeError(f"request type must be a str, got {type(kind).__name__}")
+    if not isinstance(body, Mapping):
+        raise TypeError(f"request body must be a mapping, got {type(body).__name__}")
+    if "type" in body:
+        raise ValueError("request body must not contain 'type' (it is the first argument)")
+    try:
+        return _ENCODER.encode({"type": kind, **body})
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"request body is not MessagePack-encodable: {exc}") from None
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    """A message is waiting (``ZMQ_EVENTS``: no exception, no system call)."""
+    return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)

@@ -1,0 +1,167 @@
+"""The reference control server: one ROUTER, REP-compatible envelopes, never silent.
+
+Every request gets exactly one reply (CTL-1..3): a handler's dict, or an
+error reply ``{"error": ...}`` for an unknown type, a malformed request or a
+handler that raised. The serve loop never dies because of a request.
+
+Head of line: ``serial``. Handlers run inline in :meth:`serve`, so a slow
+handler delays the requests queued behind it by its own duration and no
+more (CTL-7). Replies are sent without blocking: a reply to a client that
+vanished, or whose queue is full, is dropped and counted, never waited for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, cast
+
+import msgspec
+import zmq
+
+from reference_impl.control.interface import PING, Handler, Message
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder()
+# Plain ints: pyzmq's enum arithmetic costs microseconds per call on the hot path.
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+def _pong(request: Message) -> Message:
+    return {"type": "PONG"}
+
+
+class ControlServer:
+    """``ControlServer(endpoint, handlers)``: bind a ROUTER on ``endpoint`` and answer requests.
+
+    Args:
+        endpoint: where to bind (``tcp://host:port``).
+        handlers: request type -> handler, added to the built-in ``PING``.
+        max_batch: most requests one :meth:`serve` answers, so a flood cannot
+            hold the caller.
+        max_message_bytes: frames above this are refused by libzmq
+            (``ZMQ_MAXMSGSIZE``): the sender's connection is dropped.
+    """
+
+    #: Declared to the conformance suite (see ``reference_impl.control.interface``).
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {
+        "request_types": {PING: {}},
+        "head_of_line": "serial",
+    }
+
+    def __init__(
+        self,
+        endpoint: str,
+        handlers: Mapping[str, Handler] | None = None,
+        *,
+        max_batch: int = 1000,
+        max_message_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self._handlers: dict[str, Handler] = self._builtin_handlers()
+        self._handlers.update(handlers or {})
+        self._max_batch = max_batch
+        self.dropped_replies = 0
+        self.served = 0
+        self._closed = False
+        self._ctx = zmq.Context()
+        try:
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+            self._sock.bind(endpoint)
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+
+    def _builtin_handlers(self) -> dict[str, Handler]:
+        """The protocol's own handlers (a hook for subclasses)."""
+        return {PING: _pong}
+
+    def serve(self, timeout_ms: int) -> int:
+        """Wait up to ``timeout_ms`` for requests, answer up to ``max_batch``; return how many.
+
+        What is queued after the first request is taken without waiting
+        (``ZMQ_EVENTS``, no exception per message).
+        """
+        if self._closed:
+            raise RuntimeError("serve() on a closed ControlServer")
+        if not self._poller.poll(max(timeout_ms, 0)):
+            return 0
+        sock = self._sock
+        try:
+            self._answer(sock.recv_multipart(_NOBLOCK))
+        except zmq.Again:  # POLLIN promises a whole message; defensive only
+            return 0
+        answered = 1
+        while answered < self._max_batch and _readable(sock):
+            self._answer(sock.recv_multipart(_NOBLOCK))
+            answered += 1
+        self.served += answered
+        return answered
+
+    def _answer(self, frames: list[bytes]) -> None:
+        identity, rest = frames[0], frames[1:]
+        try:
+            split = rest.index(b"")
+        except ValueError:
+            self._send([identity, b""], {"error": "malformed request: no empty delimiter frame"})
+            return
+        envelope, body = rest[: split + 1], rest[split + 1 :]
+        if len(body) != 1:
+            self._send([identity, *envelope],
+                       {"error": f"malformed request: {len(body)} payload frames, expected 1"})
+            return
+        self._send([identity, *envelope], self._reply_to(body[0]))
+
+    def _reply_to(self, payload: bytes) -> Message:
+        try:
+            request = _DECODER.decode(payload)
+        except (msgspec.DecodeError, ValueError) as exc:
+            return {"error": f"malformed request: undecodable MessagePack ({exc})"}
+        if not isinstance(request, dict):
+            return {"error": f"malformed request: a {type(request).__name__}, not a map"}
+        kind = request.get("type")
+        if not isinstance(kind, str):
+            return {"error": "malformed request: no str 'type'"}
+        return self._dispatch(kind, request)
+
+    def _dispatch(self, kind: str, request: Message) -> Message:
+        """Run the handler for ``kind``; every failure becomes an error reply."""
+        handler = self._handlers.get(kind)
+        if handler is None:
+            return {"error": f"No handler registered for request type {kind}", "type": kind}
+        try:
+            reply = handler(request)
+        except Exception as exc:
+            return {"error": f"handler for {kind} raised {type(exc).__name__}: {exc}",
+                    "type": kind}
+        if not isinstance(reply, dict):
+            return {"error": f"handler for {kind} returned a {type(reply).__name__}, not a dict",
+                    "type": kind}
+        return reply
+
+    def _send(self, head: list[bytes], reply: Message) -> None:
+        try:
+            payload = _ENCODER.encode(reply)
+        except (TypeError, ValueError, OverflowError) as exc:
+            payload = _ENCODER.encode({"error": f"unencodable reply: {exc}"})
+        try:
+            self._sock.send_multipart([*head, payload], _NOBLOCK)
+        except zmq.ZMQError:  # EAGAIN (queue full), EHOSTUNREACH: the client is gone
+            self.dropped_replies += 1
+
+    def close(self) -> None:
+        """Close the socket and terminate the context (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    """A message is waiting (``ZMQ_EVENTS``: no exception, no system call)."""
+    return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)
