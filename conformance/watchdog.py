@@ -37,7 +37,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from conformance.errors import CallBlocked
 
-__all__ = ["active", "call", "default_limit", "guard", "set_default_limit"]
+__all__ = [
+    "active", "call", "default_limit", "guard", "set_default_limit", "set_progress_hook",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -63,6 +65,7 @@ _stack: list[_Guard] = []
 _saved_handler: Any = None
 _saved_timer: tuple[float, float] = (0.0, 0.0)
 _saved_at = 0.0
+_progress: Callable[[], None] | None = None
 
 
 def default_limit() -> float:
@@ -76,6 +79,16 @@ def set_default_limit(seconds: float) -> None:
     if not seconds > 0:
         raise ValueError(f"watchdog limit must be positive, got {seconds!r}")
     _default_limit_s = float(seconds)
+
+
+def set_progress_hook(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` whenever a guarded call starts (``None``: stop).
+
+    Each call into the transport is evidence that the test is not hung; the
+    stall deadline of :mod:`conformance.postmortem` is pushed back by it.
+    """
+    global _progress
+    _progress = hook
 
 
 def active() -> bool:
@@ -94,6 +107,8 @@ def guard(call: str, limit: float | None = None) -> Iterator[None]:
     seconds = _default_limit_s if limit is None else float(limit)
     if not seconds > 0:
         raise ValueError(f"watchdog limit must be positive, got {limit!r}")
+    if _progress is not None:
+        _progress()
     if not active():
         yield
         return
