@@ -90,10 +90,10 @@ _REBIND_WINDOW_S = 3.0
 _POLL_PAUSE_S = 0.001
 
 _names = itertools.count()
-#: Every transport and raw connection the harness has seen, kept until the
-#: process ends (see the module docstring). The objects of a closed reference
-#: transport are small; those of a leaking one are exactly what must not be
-#: collected.
+#: Every node the harness has built (with every transport and raw connection
+#: it had), kept until the test is over (see the module docstring). The
+#: objects of a closed reference transport are small; those of a leaking one
+#: are exactly what must not be collected.
 _KEPT: list[Any] = []
 #: Contexts whose release blocked: kept for the life of the process.
 _UNRELEASABLE: list[Any] = []
@@ -104,18 +104,22 @@ _RELEASE_LIMIT_S = 2.0
 _CONTAINERS = (list, tuple, set, frozenset, dict, deque)
 
 
-def release_leftovers() -> list[str]:
-    """Close the ZeroMQ contexts the transports of the finished test left open.
+def release_leftovers(nodes: Iterable[Node] | None = None) -> list[str]:
+    """Close the ZeroMQ contexts that closed transports left open.
 
-    Call between tests only (nothing of the test may be in use): every
-    context reachable from a kept transport or connection that is not closed
-    yet is destroyed with linger 0 under the watchdog; then the harness drops
-    its references. A context whose release blocks stays referenced for the
-    rest of the process. Returns a description of each context released, so
-    a leak stays visible in the output.
+    ``nodes=None`` (between tests: nothing of the test may be in use): every
+    node the harness built since the last call; then the harness drops its
+    references. Otherwise only ``nodes``, all closed and done with (a
+    stateful machine's cluster after each example, so leaks of one example
+    do not pile up into the next). Every context reachable from their
+    transports and connections that is not closed yet is destroyed with
+    linger 0 under the watchdog; one whose release blocks stays referenced
+    for the rest of the process. Returns a description of each context
+    released.
     """
+    roots: list[Any] = list(_KEPT) if nodes is None else list(nodes)
     released: list[str] = []
-    for ctx in _contexts_in(_KEPT):
+    for ctx in _contexts_in(roots):
         if ctx.closed:
             continue
         try:
@@ -124,7 +128,8 @@ def release_leftovers() -> list[str]:
             released.append(repr(ctx))
         except CallBlocked:
             _UNRELEASABLE.append(ctx)
-    _KEPT.clear()
+    if nodes is None:
+        _KEPT.clear()
     return released
 
 
@@ -447,6 +452,9 @@ class Node:
         self.inbound: list[Connection] = []
         self.polls = 0
         self._wrappers: dict[int, Connection] = {}
+        #: Every transport and raw connection this node has had (see _KEPT).
+        self._kept: list[Any] = [transport]
+        _KEPT.append(self)
 
     def connect(self, peer: Node | str) -> Connection:
         """``transport.connect(peer_id)`` (guarded); returns the connection proxy."""
@@ -497,7 +505,7 @@ class Node:
         if found is not None and found.raw is raw:
             return found
         proxy = Connection(raw, self, inbound=inbound)
-        _KEPT.append(raw)
+        self._kept.append(raw)
         # The proxy keeps ``raw`` alive, so its id is not reused while cached.
         self._wrappers[id(raw)] = proxy
         return proxy
@@ -599,6 +607,7 @@ class Cluster:
                     raise
                 time.sleep(0.005)
         node.transport = transport
+        node._kept.append(transport)
         node.closed = False
         node.generation += 1
         node.inbound = []
@@ -608,9 +617,7 @@ class Cluster:
     def _build(self, label: str, local_id: str, port: int, options: dict[str, int]) -> Any:
         with watchdog.guard(f"factory({local_id!r}, {self.host!r}, {port}) for {label}",
                             self.call_limit):
-            transport = self.spec.build(local_id, self.host, port, **options)
-        _KEPT.append(transport)
-        return transport
+            return self.spec.build(local_id, self.host, port, **options)
 
     # -- driving ----------------------------------------------------------
 

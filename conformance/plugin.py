@@ -224,6 +224,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Journal the suite test in progress and hold its stall deadline."""
     state = item.config.stash.get(_STATE, None)
     clauses = item.stash.get(_CLAUSES, None)
+    if clauses is not None:
+        watchdog.new_test()
     sentinel = state.sentinel if state is not None else None
     if sentinel is None or clauses is None:
         return (yield)

@@ -41,7 +41,13 @@ from hypothesis.stateful import (
 
 from conformance import resources
 from conformance.errors import CallBlocked
-from conformance.harness import Cluster, Connection, Node, is_address_in_use
+from conformance.harness import (
+    Cluster,
+    Connection,
+    Node,
+    is_address_in_use,
+    release_leftovers,
+)
 from conformance.hostile import HostilePeer
 from conformance.machines.model import ClusterModel, ConnModel, Violation
 from conformance.spec import TransportSpec
@@ -150,6 +156,10 @@ class ClusterMachine(RuleBasedStateMachine):
             except Exception as exc:
                 if not failing:
                     raise Violation("RES-1", f"closing a node raised {exc!r}") from exc
+            finally:
+                # Checked already; what a leaking transport left must not pile up
+                # into the next example's descriptor checks.
+                release_leftovers(self.cluster.nodes)
 
     def _log_failure(self, exc: BaseException | None) -> None:
         if isinstance(exc, AssertionError) and self.failure_log is not None:
