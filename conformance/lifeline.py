@@ -53,14 +53,19 @@ def _set_pdeathsig(sig: int) -> None:
         _PRCTL(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def preexec(
+    sig: int = signal.SIGTERM, *, thread_outlives_child: bool = False
+) -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the kernel send ``sig`` to the child when we die.
 
-    ``None`` (no ``preexec_fn``) off Linux or outside the main thread: the
-    death signal follows the forking *thread*, so a child forked by a
-    short-lived helper thread would be killed when that thread ends.
+    ``None`` (no ``preexec_fn``) off Linux, or outside the main thread unless
+    the caller promises that the forking thread outlives the child (it waits
+    for it): the death signal follows the forking *thread*, so a child forked
+    by a short-lived helper thread would be killed when that thread ends.
     """
-    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+    if _PRCTL is None:
+        return None
+    if not thread_outlives_child and threading.current_thread() is not threading.main_thread():
         return None
     return lambda: _set_pdeathsig(sig)
 

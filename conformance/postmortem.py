@@ -147,7 +147,7 @@ def examine(directory: Path, worker: str, nodeid: str) -> Crash:
         trace = _trace_path(directory, worker).read_text(encoding="utf-8", errors="replace")
     except OSError:
         trace = ""
-    trace = trace.strip()
+    trace = _test_thread_first(trace.strip())
     if len(trace) > _TRACE_LIMIT:
         trace = trace[:_TRACE_LIMIT] + "\n... (clipped)"
     if _TIMEOUT_HEADER.match(trace):
@@ -158,6 +158,22 @@ def examine(directory: Path, worker: str, nodeid: str) -> Crash:
     what = fatal.group(1).strip() if fatal else "no fatal signal recorded (killed?)"
     reason = f"worker {worker} died: {_signal_name(what)}"
     return Crash("crashed", reason, trace, clauses, properties)
+
+
+def _test_thread_first(trace: str) -> str:
+    """Put the stack of the thread running the test first (faulthandler lists threads
+    in its own order; the test's is the one in pytest's runner)."""
+    lines = trace.splitlines()
+    header: list[str] = []
+    while lines and not lines[0].startswith(("Thread 0x", "Current thread 0x")):
+        header.append(lines.pop(0))
+    blocks: list[list[str]] = []
+    for line in lines:
+        if line.startswith(("Thread 0x", "Current thread 0x")) or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    blocks.sort(key=lambda block: not any("_pytest/runner.py" in line for line in block))
+    return "\n".join(header + [line for block in blocks for line in block])
 
 
 def _signal_name(what: str) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from conformance import profiles
+from conformance import lifeline, profiles
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.selfcheck import clause_filter
@@ -176,6 +176,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
         sys.executable, "-m", "conformance.cli", "run",
         "--transport", factory, "--json", str(json_path),
         "--profile", config.profile, "--hypothesis-seed", str(config.seed), "-q",
+        "-n", "1",  # one worker: runs go side by side; a crash or hang still costs one test
     ]
     if config.chaos:
         command.append("--chaos")
@@ -190,9 +191,12 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
     started = time.monotonic()
     with log_path.open("w", encoding="utf-8") as log:
         try:
+            # The job's thread waits for the run, so the run (and, through the
+            # CLI's own supervision, everything it starts) dies with self-check.
             proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
                                   env=_child_env(rundir / "hypothesis"),
-                                  timeout=config.run_timeout)
+                                  timeout=config.run_timeout,
+                                  preexec_fn=lifeline.preexec(thread_outlives_child=True))
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
