@@ -221,13 +221,27 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[
     None, object, object
 ]:
-    """Journal the suite test in progress and hold its stall deadline."""
+    """Around each suite test: whole watchdog limits, capped shrinking once a call
+    blocked, and (where a sentinel runs) the journal, the stall deadline and
+    the release of what the test's transports left open."""
     state = item.config.stash.get(_STATE, None)
     clauses = item.stash.get(_CLAUSES, None)
-    if clauses is not None:
-        watchdog.new_test()
+    if clauses is None:
+        return (yield)
+    watchdog.new_test()
+    watchdog.set_block_hook(_cap_shrinking)
+    try:
+        return (yield from _supervised(item, clauses, state))
+    finally:
+        watchdog.set_block_hook(None)
+        _restore_shrinking()
+
+
+def _supervised(
+    item: pytest.Item, clauses: tuple[str, ...], state: _State | None
+) -> Generator[None, object, object]:
     sentinel = state.sentinel if state is not None else None
-    if sentinel is None or clauses is None:
+    if sentinel is None:
         return (yield)
     props = {str(k): str(v) for k, v in item.user_properties}
     sentinel.begin(item.nodeid, clauses, props)
@@ -241,6 +255,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         harness.release_leftovers()
         sentinel.end()
 
+
+#: Hypothesis's shrinking budget for a test whose call blocked: every shrink
+#: step re-runs an example that blocks again, and the verdict does not change.
+_BLOCKED_SHRINK_S = 20
+_saved_shrink_s: list[int] = []
+
+
+def _cap_shrinking() -> None:
+    """A call blocked: cap Hypothesis's shrinking of this test (a private constant)."""
+    from hypothesis.internal.conjecture import engine
+
+    current = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if isinstance(current, int) and not _saved_shrink_s:
+        _saved_shrink_s.append(current)
+        engine.MAX_SHRINKING_SECONDS = min(current, _BLOCKED_SHRINK_S)
+
+
+def _restore_shrinking() -> None:
+    if _saved_shrink_s:
+        from hypothesis.internal.conjecture import engine
+
+        engine.MAX_SHRINKING_SECONDS = _saved_shrink_s.pop()
 
 
 @pytest.hookimpl(trylast=True)

@@ -45,7 +45,7 @@ from conformance.errors import CallBlocked
 
 __all__ = [
     "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test",
-    "set_default_limit", "set_progress_hook",
+    "set_block_hook", "set_default_limit", "set_progress_hook",
 ]
 
 P = ParamSpec("P")
@@ -76,6 +76,7 @@ _saved_timer: tuple[float, float] = (0.0, 0.0)
 _saved_at = 0.0
 _progress: Callable[[], None] | None = None
 _blocked_in_test = False
+_on_block: Callable[[], None] | None = None
 
 
 def default_limit() -> float:
@@ -99,6 +100,12 @@ def set_progress_hook(hook: Callable[[], None] | None) -> None:
     """
     global _progress
     _progress = hook
+
+
+def set_block_hook(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` when a call blocks for the first time in a test (``None``: stop)."""
+    global _on_block
+    _on_block = hook
 
 
 def new_test() -> None:
@@ -185,5 +192,7 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
     victim = min(expired, key=lambda g: g.deadline)
     victim.fired = True
     global _blocked_in_test
+    if not _blocked_in_test and _on_block is not None:
+        _on_block()
     _blocked_in_test = True
     raise CallBlocked(victim.call, victim.limit)

@@ -56,7 +56,7 @@ PROG = "zmq-conformance self-check"
 
 #: Verdicts that count as a kill (``xpassed`` only happens with an xfail file
 #: and says nothing about the mutant's defect).
-KILLING: Final = frozenset({"failed", "blocked"})
+KILLING: Final = frozenset({"failed", "blocked", "crashed"})
 #: Verdicts a control run may show.
 CLEAN: Final = frozenset({"passed", "skipped", "xfailed"})
 
