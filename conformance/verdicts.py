@@ -400,6 +400,10 @@ def exit_status(report: RunReport | None, pytest_status: int) -> int:
         return 2
     if pytest_status == 5:
         return 2
+    if pytest_status == 2 and report is not None and report.failed:
+        # Interrupted after a failure: ``-x``/``--maxfail`` under xdist stops
+        # the workers that way. (A signal is reported as 3 by the CLI itself.)
+        return 1
     if pytest_status in (2, 3) or report is None:
         return 3
     if pytest_status == 1 or report.failed:

@@ -258,6 +258,8 @@ def test_exit_status_mapping() -> None:
     assert exit_status(passing, 1) == 1  # pytest saw a failure the verdicts missed
     assert exit_status(passing, 4) == exit_status(passing, 5) == 2
     assert exit_status(None, 2) == exit_status(passing, 3) == 3
+    assert exit_status(passing, 2) == 3  # interrupted with nothing failed
+    assert exit_status(failing, 2) == 1  # -x under xdist stops by interrupting
 
 
 def test_crashed_clause_fails_the_run_in_every_format() -> None:
