@@ -281,11 +281,18 @@ def _restore_shrinking() -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Bound the teardown of a process that ran suite tests: its reports are out."""
+    """Bound the teardown of a worker that ran suite tests: its reports are out.
+
+    Not in a run without workers: what follows there (the terminal summary,
+    other plugins' reports) is not ours to cut short.
+    """
     state = session.config.stash.get(_STATE, None)
     if state is not None and state.sentinel is not None:
         watchdog.set_progress_hook(None)
-        state.sentinel.finish(_EXIT_GRACE_S)
+        if hasattr(session.config, "workerinput"):
+            state.sentinel.finish(_EXIT_GRACE_S)
+        else:
+            state.sentinel.end()
 
 
 def _configure(config: pytest.Config) -> _State:
