@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -37,12 +36,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import chaos
+from conformance import lifeline
 
 ENV_URL = "TOXIPROXY_URL"
 BINARY = "toxiproxy-server"
@@ -52,7 +51,6 @@ Kind = Literal["external", "binary", "embedded"]
 
 _START_TIMEOUT_S = 15.0
 _STOP_GRACE_S = 5.0
-_PR_SET_PDEATHSIG = 1
 
 
 class ToxiproxyUnavailable(RuntimeError):
@@ -121,33 +119,6 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _load_prctl() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Resolved before any fork: the child between fork and exec must not dlopen().
-_PRCTL = _load_prctl()
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGTERM the child when the forking thread dies."""
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def _preexec() -> Callable[[], None] | None:
-    """``PR_SET_PDEATHSIG`` fires when the *thread* that forked exits, so only use it
-    from the main thread (a launch from a short-lived helper thread would otherwise
-    kill the server when that thread ends)."""
-    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
-        return None
-    return _die_with_parent
-
-
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -187,7 +158,7 @@ def _spawn(
             stdout=subprocess.DEVNULL,
             stderr=log,
             env=env,
-            preexec_fn=_preexec(),
+            preexec_fn=lifeline.preexec(),
         )
     return proc, log_path
 

@@ -1,19 +1,30 @@
 """``zmq-conformance``: the suite's command-line face.
 
 ``zmq-conformance run`` validates its options, then runs pytest (in a child
-interpreter, from the current directory) with the plugin
+interpreter, from the current directory, supervised by
+:mod:`conformance.supervisor`) with the plugin
 (``--zmq-conformance-only`` and the matching ``--zmq-*`` options), so the
 CLI and ``pytest --zmq-conformance`` share one core. The
 verdicts come back through the JSON report, which the CLI always asks for
 (a temporary file when ``--json`` is not given).
 
+The suite runs in pytest-xdist workers (``-n``, default
+:data:`DEFAULT_WORKERS`) even when one would do: a worker that hangs beyond
+the stall limit or dies of a signal is replaced and its test reported
+``blocked`` or ``crashed``, so every clause still gets its verdict. The
+number of worker restarts is bounded generously (:data:`MAX_WORKER_RESTARTS`),
+enough for a transport that kills its worker in every test.
+
 Exit status:
 
 * 0: every clause passed, failed as expected (xfail file) or was skipped;
-* 1: a clause failed, was blocked (a call hung) or unexpectedly passed;
+* 1: a clause failed, was blocked (a call or the test hung), crashed (the
+  process running it died) or unexpectedly passed;
 * 2: usage or configuration error (bad ``--transport``, unknown profile,
   bad capability, unreadable xfail file, ``-k`` selecting nothing);
-* 3: the suite could not run (collection error, internal error, interrupt).
+* 3: the suite could not run (collection error, internal error, interrupt:
+  SIGINT/SIGTERM stop the child and its workers and the reports of what ran
+  are still written).
 """
 
 from __future__ import annotations
@@ -24,15 +35,15 @@ import importlib.util
 import json
 import os
 import random
-import subprocess
+import signal
 import sys
 import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from conformance import contracts, profiles, selection, xfail
+from conformance import contracts, postmortem, profiles, selection, supervisor, xfail
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.spec import ENV_TRANSPORT, contract_spec_from_path
@@ -41,6 +52,11 @@ from conformance.verdicts import ClauseVerdict, RunReport, exit_status
 PROG = "zmq-conformance"
 _PLUGIN_MODULE = "conformance.plugin"
 _SELF_CHECK = "self-check"
+#: Workers of a run: two keep a 2-core machine busy, and a crash costs one
+#: worker while the other goes on.
+DEFAULT_WORKERS: Final = "2"
+#: Crashed workers replaced before xdist gives up (it then skips what is left).
+MAX_WORKER_RESTARTS: Final = 300
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Conformance suite for the ZeroMQ channels of LLM serving, one contract "
         f"per channel ({', '.join(contracts.CONTRACTS)}).",
         epilog="Exit status: 0 all clauses pass (or xfail/skip), 1 a clause failed, was "
-        "blocked or xpassed, 2 usage/configuration error, 3 the suite could not run.",
+        "blocked, crashed or xpassed, 2 usage/configuration error, 3 the suite could not run "
+        "(or was interrupted).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -73,8 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--xfail-file", metavar="PATH",
                      help="expected failures ('CLAUSE-ID: reason' or 'test-id: reason' lines)")
     run.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR")
-    run.add_argument("-n", dest="numprocesses", metavar="N",
-                     help="run in N processes (pytest-xdist; 'auto' for one per CPU)")
+    run.add_argument("-n", dest="numprocesses", metavar="N", default=DEFAULT_WORKERS,
+                     help="run in N worker processes (pytest-xdist; 'auto' for one per CPU; "
+                          f"default {DEFAULT_WORKERS}); 0 runs in one process, where a crash "
+                          "or hang ends the run without a report")
+    run.add_argument("--stall-limit", metavar="SECONDS", type=float, default=None,
+                     help="a test that starts no call into the transport for this long is "
+                          "hung: its worker is ended and the test reported blocked "
+                          f"(default {postmortem.DEFAULT_STALL_LIMIT_S:.0f})")
     run.add_argument("--hypothesis-seed", metavar="SEED",
                      help="seed for Hypothesis (default: a fresh random seed, reported)")
     run.add_argument("--chaos", action="store_true",
@@ -194,10 +217,17 @@ def _pytest_args(
         if not Path(path).exists():
             raise ConfigError(f"--suite={path!r}: no such file or directory")
         out += ["--zmq-suite", path]
-    if args.numprocesses is not None:
+    workers = str(args.numprocesses)
+    if workers != "auto" and not workers.isdigit():
+        raise ConfigError(f"-n {workers!r}: expected a number of workers or 'auto'")
+    if workers != "0":
         if importlib.util.find_spec("xdist") is None:
             raise ConfigError("-n: pytest-xdist is not installed (pip install pytest-xdist)")
-        out += ["-n", str(args.numprocesses)]
+        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}"]
+    if args.stall_limit is not None:
+        if not args.stall_limit > 0:
+            raise ConfigError(f"--stall-limit={args.stall_limit!r}: expected a positive number")
+        out += ["--zmq-stall-limit", str(args.stall_limit)]
     seed = args.hypothesis_seed
     if seed is None:
         seed = str(random.SystemRandom().randrange(2**32))
@@ -244,11 +274,13 @@ def _run(pytest_args: list[str], json_path: Path) -> int:
     """Run pytest in a child interpreter (a clean import state for assertion rewriting
     and the user's transport), then derive the exit status from the verdicts."""
     command = [sys.executable, "-m", "pytest", *pytest_args]
-    try:
-        status = subprocess.run(command, check=False).returncode
-    except KeyboardInterrupt:
-        return 3
+    outcome = supervisor.run(command, report=json_path)
+    status = outcome.returncode
     report = _read_report(json_path)
+    if outcome.interrupted_by is not None:
+        name = signal.Signals(outcome.interrupted_by).name
+        print(f"{PROG}: interrupted by {name}; stopped the suite", file=sys.stderr)
+        return 3
     for warning in report.warnings if report is not None else ():
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     code = exit_status(report, status)

@@ -11,6 +11,14 @@ through this module, so they share its guarantees:
 - **Nothing hangs.** Every call into the implementation goes through
   :mod:`conformance.watchdog`, so a call that blocks raises
   :class:`~conformance.errors.CallBlocked` naming the call.
+- **No finalizer of the implementation runs mid-test.** Every transport the
+  harness builds and every connection it is handed stays referenced until
+  the process ends (:data:`_KEPT`). A transport that leaks its ZeroMQ
+  context otherwise leaves it to the garbage collector, whose
+  ``Context.__del__`` can block forever in ``term()`` at any allocation of
+  any later test, outside every watchdog. Between tests,
+  :func:`release_leftovers` closes what such a transport left open (under
+  the watchdog) and lets the objects go.
 - **No sleeps as synchronisation.** :func:`wait_until` drives ``poll()`` on
   the given nodes until a condition holds and fails with a message saying
   what did not happen when the deadline passes.
@@ -34,6 +42,7 @@ import errno
 import itertools
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -81,8 +90,74 @@ _REBIND_WINDOW_S = 3.0
 _POLL_PAUSE_S = 0.001
 
 _names = itertools.count()
-#: Transports whose close() failed; see :meth:`Node.close`.
-_ABANDONED: list[Any] = []
+#: Every node the harness has built (with every transport and raw connection
+#: it had), kept until the test is over (see the module docstring). The
+#: objects of a closed reference transport are small; those of a leaking one
+#: are exactly what must not be collected.
+_KEPT: list[Any] = []
+#: Contexts whose release blocked: kept for the life of the process.
+_UNRELEASABLE: list[Any] = []
+#: How deep :func:`release_leftovers` looks into a kept object for contexts.
+_LEFTOVER_DEPTH = 5
+#: Watchdog limit of releasing one leftover context (linger 0: nothing to wait for).
+_RELEASE_LIMIT_S = 2.0
+_CONTAINERS = (list, tuple, set, frozenset, dict, deque)
+
+
+def release_leftovers(nodes: Iterable[Node] | None = None) -> list[str]:
+    """Close the ZeroMQ contexts that closed transports left open.
+
+    ``nodes=None`` (between tests: nothing of the test may be in use): every
+    node the harness built since the last call; then the harness drops its
+    references. Otherwise only ``nodes``, all closed and done with (a
+    stateful machine's cluster after each example, so leaks of one example
+    do not pile up into the next). Every context reachable from their
+    transports and connections that is not closed yet is destroyed with
+    linger 0 under the watchdog; one whose release blocks stays referenced
+    for the rest of the process. Returns a description of each context
+    released.
+    """
+    roots: list[Any] = list(_KEPT) if nodes is None else list(nodes)
+    released: list[str] = []
+    for ctx in _contexts_in(roots):
+        if ctx.closed:
+            continue
+        try:
+            with watchdog.guard(f"releasing a leftover context {ctx!r}", _RELEASE_LIMIT_S):
+                ctx.destroy(linger=0)
+            released.append(repr(ctx))
+        except CallBlocked:
+            _UNRELEASABLE.append(ctx)
+    if nodes is None:
+        _KEPT.clear()
+    return released
+
+
+def _contexts_in(roots: Iterable[Any]) -> list[zmq.Context[Any]]:
+    """The contexts reachable from ``roots`` through attributes and containers."""
+    found: dict[int, zmq.Context[Any]] = {}
+    seen: set[int] = set()
+    frontier = list(roots)
+    for _ in range(_LEFTOVER_DEPTH):
+        following: list[Any] = []
+        for obj in frontier:
+            if id(obj) in seen or isinstance(obj, (type, str, bytes, int, float)):
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, zmq.Context):
+                found[id(obj)] = obj
+                continue
+            if isinstance(obj, zmq.Socket):
+                following.append(obj.context)
+                continue
+            if isinstance(obj, dict):
+                following.extend(obj.values())
+            elif isinstance(obj, _CONTAINERS):
+                following.extend(obj)
+            else:
+                following.extend(getattr(obj, "__dict__", {}).values())
+        frontier = following
+    return list(found.values())
 
 
 def free_port(host: str = HOST) -> int:
@@ -377,6 +452,9 @@ class Node:
         self.inbound: list[Connection] = []
         self.polls = 0
         self._wrappers: dict[int, Connection] = {}
+        #: Every transport and raw connection this node has had (see _KEPT).
+        self._kept: list[Any] = [transport]
+        _KEPT.append(self)
 
     def connect(self, peer: Node | str) -> Connection:
         """``transport.connect(peer_id)`` (guarded); returns the connection proxy."""
@@ -408,18 +486,12 @@ class Node:
     def close(self) -> None:
         """``transport.close()`` (guarded). Marks the node closed even if it raises.
 
-        A transport whose ``close()`` blocks or raises is kept referenced for
-        the rest of the process: garbage-collecting a ZeroMQ context that still
-        has open sockets blocks the collector forever, which would turn one
-        blocked verdict into a hung run.
+        The transport stays referenced afterwards (:data:`_KEPT`), so a
+        context it failed to terminate is never garbage-collected mid-run.
         """
         self.closed = True
-        try:
-            with watchdog.guard(f"{self.name}.close()"):
-                self.transport.close()
-        except BaseException:
-            _ABANDONED.append(self.transport)
-            raise
+        with watchdog.guard(f"{self.name}.close()"):
+            self.transport.close()
 
     def wrap(self, raw: Any) -> Connection:
         """The proxy for a raw connection object of this node."""
@@ -433,6 +505,7 @@ class Node:
         if found is not None and found.raw is raw:
             return found
         proxy = Connection(raw, self, inbound=inbound)
+        self._kept.append(raw)
         # The proxy keeps ``raw`` alive, so its id is not reused while cached.
         self._wrappers[id(raw)] = proxy
         return proxy
@@ -534,6 +607,7 @@ class Cluster:
                     raise
                 time.sleep(0.005)
         node.transport = transport
+        node._kept.append(transport)
         node.closed = False
         node.generation += 1
         node.inbound = []

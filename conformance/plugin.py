@@ -23,13 +23,24 @@ process) to the one writing reports through ``report.user_properties``:
 ``zmq_clauses``, ``zmq_k`` (a ``-k`` expression for replay), ``zmq_chaos``,
 ``zmq_xfail`` (set at collection), ``zmq_transport`` (set by the fixture when
 a user override is in use), ``zmq_blocked``, ``zmq_xpassed`` and
-``zmq_counterexample`` (set when the report is made).
+``zmq_counterexample`` (set when the report is made), ``zmq_crashed`` (set
+by the controller on the report xdist makes for a test whose worker died).
+
+Hangs and crashes the watchdog cannot turn into a verdict are handled by
+:mod:`conformance.postmortem`: every process running suite tests keeps a
+sentinel (stall deadline, fatal-signal traces, a journal of the test in
+progress) in a directory the xdist controller hands its workers; when a
+worker dies, the controller reads what it left and reports the test
+``blocked`` or ``crashed``. Workers also end when their parent dies
+(:mod:`conformance.lifeline`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from conformance import contracts, profiles, selection, xfail
+from conformance import contracts, lifeline, postmortem, profiles, selection, watchdog, xfail
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
@@ -82,12 +93,23 @@ class _State:
     fixture_transport: str | None = None
     report: RunReport | None = None
     written: list[Path] = field(default_factory=list)
+    stall_limit: float = postmortem.DEFAULT_STALL_LIMIT_S
+    #: Where workers leave their journals and traces (created by the process
+    #: that owns it: the controller, or a run without xdist).
+    postmortem_dir: Path | None = None
+    owns_postmortem_dir: bool = False
+    sentinel: postmortem.Sentinel | None = None
 
 
 _STATE = pytest.StashKey[_State]()
 _CLAUSES = pytest.StashKey[tuple[str, ...]]()
 _XFAIL = pytest.StashKey[str]()
 _RECORDER = "zmq-conformance-recorder"
+_WORKER_DIR_KEY = "zmq_postmortem_dir"
+_WORKER_STALL_KEY = "zmq_stall_limit"
+#: After its session finished, a worker gets this long to exit (finalizers of
+#: a misbehaving transport run at exit) before it is ended.
+_EXIT_GRACE_S = 10.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -117,6 +139,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--zmq-suite", metavar="PATH", action="append", default=[],
                     help="collect PATH as the suite instead of the built-in one (advanced: "
                          "suite development, vendored copies)")
+    group.addoption("--zmq-stall-limit", metavar="SECONDS", type=float, default=None,
+                    help="a suite test that starts no call into the transport for this long "
+                         "is hung: its process is ended and the test reported blocked "
+                         f"(default {postmortem.DEFAULT_STALL_LIMIT_S:.0f})")
     group.addoption("--zmq-report-json", metavar="PATH", default=None,
                     help="write per-clause verdicts as JSON")
     group.addoption("--zmq-report-junit", metavar="PATH", default=None,
@@ -147,12 +173,134 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_STATE] = state
     config.pluginmanager.register(_Recorder(config, state), _RECORDER)
+    if state.opted_in:
+        _start_postmortem(config, state)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     recorder = config.pluginmanager.get_plugin(_RECORDER)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.owns_postmortem_dir and state.postmortem_dir is not None:
+        watchdog.set_progress_hook(None)
+        shutil.rmtree(state.postmortem_dir, ignore_errors=True)
+
+
+def _start_postmortem(config: pytest.Config, state: _State) -> None:
+    """Set up the sentinel (process running tests) or the directory (xdist controller)."""
+    limit = config.getoption("zmq_stall_limit")
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        lifeline.bind_to_parent()
+        state.stall_limit = float(worker.get(_WORKER_STALL_KEY, state.stall_limit))
+        directory = worker.get(_WORKER_DIR_KEY)
+        if directory is None:
+            return
+        state.postmortem_dir = Path(directory)
+        state.sentinel = postmortem.Sentinel(
+            state.postmortem_dir, str(worker["workerid"]), state.stall_limit
+        )
+        watchdog.set_progress_hook(state.sentinel.progress)
+        return
+    if limit is not None:
+        if not limit > 0:
+            raise pytest.UsageError(f"--zmq-stall-limit={limit!r}: expected a positive number")
+        state.stall_limit = float(limit)
+    state.postmortem_dir = Path(tempfile.mkdtemp(prefix="zmq-conformance-postmortem-"))
+    state.owns_postmortem_dir = True
+    if config.getoption("dist", "no") == "no":
+        # No workers: this process runs the tests. A hang still ends the run
+        # (with the stacks on stderr), though no report can be written then.
+        state.sentinel = postmortem.Sentinel(state.postmortem_dir, "main", state.stall_limit)
+        watchdog.set_progress_hook(state.sentinel.progress)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: hand each worker the postmortem directory and the stall limit."""
+    state = node.config.stash.get(_STATE, None)
+    if state is not None and state.postmortem_dir is not None:
+        node.workerinput[_WORKER_DIR_KEY] = str(state.postmortem_dir)
+        node.workerinput[_WORKER_STALL_KEY] = state.stall_limit
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[
+    None, object, object
+]:
+    """Around each suite test: whole watchdog limits, capped shrinking once a call
+    blocked, and (where a sentinel runs) the journal, the stall deadline and
+    the release of what the test's transports left open."""
+    state = item.config.stash.get(_STATE, None)
+    clauses = item.stash.get(_CLAUSES, None)
+    if clauses is None:
+        return (yield)
+    watchdog.new_test()
+    watchdog.set_block_hook(_cap_shrinking)
+    try:
+        return (yield from _supervised(item, clauses, state))
+    finally:
+        watchdog.set_block_hook(None)
+        _restore_shrinking()
+
+
+def _supervised(
+    item: pytest.Item, clauses: tuple[str, ...], state: _State | None
+) -> Generator[None, object, object]:
+    sentinel = state.sentinel if state is not None else None
+    if sentinel is None:
+        return (yield)
+    props = {str(k): str(v) for k, v in item.user_properties}
+    sentinel.begin(item.nodeid, clauses, props)
+    try:
+        return (yield)
+    finally:
+        # What the test's transports left open goes before the next test
+        # starts (the test has measured it); harness imports zmq, so only here.
+        from conformance import harness
+
+        harness.release_leftovers()
+        sentinel.end()
+
+
+#: Hypothesis's shrinking budget for a test whose call blocked: every shrink
+#: step re-runs an example that blocks again, and the verdict does not change.
+_BLOCKED_SHRINK_S = 20
+_saved_shrink_s: list[int] = []
+
+
+def _cap_shrinking() -> None:
+    """A call blocked: cap Hypothesis's shrinking of this test (a private constant)."""
+    from hypothesis.internal.conjecture import engine
+
+    current = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if isinstance(current, int) and not _saved_shrink_s:
+        _saved_shrink_s.append(current)
+        engine.MAX_SHRINKING_SECONDS = min(current, _BLOCKED_SHRINK_S)
+
+
+def _restore_shrinking() -> None:
+    if _saved_shrink_s:
+        from hypothesis.internal.conjecture import engine
+
+        engine.MAX_SHRINKING_SECONDS = _saved_shrink_s.pop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Bound the teardown of a worker that ran suite tests: its reports are out.
+
+    Not in a run without workers: what follows there (the terminal summary,
+    other plugins' reports) is not ours to cut short.
+    """
+    state = session.config.stash.get(_STATE, None)
+    if state is not None and state.sentinel is not None:
+        watchdog.set_progress_hook(None)
+        if hasattr(session.config, "workerinput"):
+            state.sentinel.finish(_EXIT_GRACE_S)
+        else:
+            state.sentinel.end()
 
 
 def _configure(config: pytest.Config) -> _State:
@@ -441,6 +589,7 @@ class _Recorder:
         outcome = phase_outcome(
             when=report.when or "", outcome=report.outcome, wasxfail=wasxfail is not None,
             blocked="zmq_blocked" in props, xpassed="zmq_xpassed" in props,
+            crashed="zmq_crashed" in props,
         )
         reason: str | None = None
         if outcome == "skipped":
@@ -449,6 +598,8 @@ class _Recorder:
             reason = wasxfail or props.get("zmq_xfail")
         elif outcome == "blocked":
             reason = props.get("zmq_blocked")
+        elif outcome == "crashed":
+            reason = props.get("zmq_crashed")
         result.add_phase(
             outcome, report.duration, reason=reason,
             counterexample=props.get("zmq_counterexample"),
@@ -458,6 +609,28 @@ class _Recorder:
         result.measurements.update(
             (key, value) for key, value in props.items() if not key.startswith("zmq_")
         )
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport,
+                               sched: Any) -> None:
+        """xdist controller: turn "worker crashed" into blocked/crashed with the stack."""
+        directory = self.state.postmortem_dir
+        node = getattr(report, "node", None)
+        worker = getattr(getattr(node, "gateway", None), "id", None)
+        if directory is None or worker is None:
+            return
+        crash = postmortem.examine(directory, str(worker), crashitem)
+        known = self.state.results.get(crashitem)
+        clauses = crash.clauses or (known.clauses if known is not None else ())
+        if not clauses:
+            return
+        props = dict(crash.properties)
+        props["zmq_clauses"] = " ".join(clauses)
+        key = "zmq_blocked" if crash.verdict == "blocked" else "zmq_crashed"
+        props[key] = crash.reason
+        props["zmq_counterexample"] = f"{crash.reason}\n\n{crash.trace}".strip()
+        report.user_properties[:] = list(props.items())
+        report.longrepr = f"{report.longrepr}\n{crash.reason}\n\n{crash.trace}"
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

@@ -3,7 +3,7 @@
 * JSON: ``{"contract", "transport", "profile", "seed", "counts", "clauses":
   {ID: {...}}}``, one entry per clause of the contract (see ``docs/usage.md`` for the fields).
 * JUnit XML: one ``<testsuite name="zmq-conformance">``, one ``<testcase>`` per
-  clause; ``failed``, ``blocked`` and ``xpassed`` clauses carry a ``<failure>``
+  clause; ``failed``, ``blocked``, ``crashed`` and ``xpassed`` clauses carry a ``<failure>``
   (its ``type`` is the verdict), ``skipped`` and ``xfailed`` ones a
   ``<skipped>``.
 * Markdown: a summary line and a table (failures first), then one section per
@@ -24,6 +24,7 @@ from conformance.verdicts import FAILING, ClauseVerdict, RunReport
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 _VERDICT_LABEL = {
+    "crashed": "**CRASHED**",
     "blocked": "**BLOCKED**",
     "failed": "**FAILED**",
     "xpassed": "**XPASSED**",

@@ -5,7 +5,7 @@ pytest reports of its phases (setup, call, teardown); each clause gets one
 *verdict* from the outcomes of its tests, by this precedence (strongest
 first)::
 
-    blocked > failed > xpassed > passed > xfailed > skipped
+    crashed > blocked > failed > xpassed > passed > xfailed > skipped
 
 So one failing test fails its clause whatever the others did, an unexpected
 pass (``xpassed``, the expected-failure list is stale) outranks passes, and a
@@ -14,7 +14,12 @@ that no test checked is ``skipped`` with the reason ``"no test collected"``:
 a clause is never passed without evidence. Chaos clauses that did not run
 are ``skipped`` with ``"chaos clauses run with --chaos"``.
 
-Verdicts that fail a run: ``blocked``, ``failed`` and ``xpassed``.
+``crashed``: the process running the test died (a fatal signal such as
+``SIGABRT`` or ``SIGSEGV``); ``blocked``: a call did not return within the
+watchdog limit, or the test made no progress at all within the stall limit
+(see :mod:`conformance.postmortem`).
+
+Verdicts that fail a run: ``crashed``, ``blocked``, ``failed`` and ``xpassed``.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from conformance.clauses import CLAUSES, Clause
 from conformance.errors import CallBlocked
 
 #: Verdicts from strongest to weakest.
-PRECEDENCE: Final = ("blocked", "failed", "xpassed", "passed", "xfailed", "skipped")
-FAILING: Final = frozenset({"blocked", "failed", "xpassed"})
+PRECEDENCE: Final = ("crashed", "blocked", "failed", "xpassed", "passed", "xfailed", "skipped")
+FAILING: Final = frozenset({"crashed", "blocked", "failed", "xpassed"})
 NO_TEST_REASON: Final = "no test collected"
 CHAOS_REASON: Final = "chaos clauses run with --chaos"
 
@@ -47,18 +52,22 @@ def strongest(outcomes: Iterable[str]) -> str:
 
 
 def phase_outcome(
-    *, when: str, outcome: str, wasxfail: bool, blocked: bool, xpassed: bool
+    *, when: str, outcome: str, wasxfail: bool, blocked: bool, xpassed: bool,
+    crashed: bool = False,
 ) -> str | None:
     """The outcome one pytest phase report contributes, or ``None`` for a plain pass.
 
     ``outcome`` is pytest's (``passed``/``failed``/``skipped``); ``wasxfail``
     is set when an expected failure failed (or, non-strict, passed);
     ``xpassed`` flags pytest's strict XPASS (a failed call without exception);
-    ``blocked`` flags a :class:`CallBlocked` failure.
+    ``blocked`` flags a :class:`CallBlocked` failure (or a stalled test);
+    ``crashed`` a test whose process died.
     """
     if outcome == "skipped":
         return "xfailed" if wasxfail else "skipped"
     if outcome == "failed":
+        if crashed:
+            return "crashed"
         if xpassed:
             return "xpassed"
         return "blocked" if blocked else "failed"
@@ -244,7 +253,7 @@ class RunReport:
 
     @property
     def failed(self) -> bool:
-        """True when a clause is blocked, failed or xpassed (the run fails)."""
+        """True when a clause crashed, blocked, failed or xpassed (the run fails)."""
         return any(v.verdict in FAILING for v in self.clauses.values())
 
     def counts(self) -> dict[str, int]:
@@ -254,7 +263,7 @@ class RunReport:
         return totals
 
     def ordered(self) -> list[ClauseVerdict]:
-        """Failures first (blocked, failed, xpassed), then the rest, registry order within."""
+        """Failures first (crashed, blocked, failed, xpassed), then the rest, registry order."""
         order = list(CLAUSES)
         return sorted(
             self.clauses.values(),
@@ -373,7 +382,7 @@ def _verdict(
             best = min(with_example, key=lambda t: len(t.counterexample or ""))
             result.counterexample = best.counterexample
             deciding = [best]
-    if verdict in ("skipped", "xfailed", "xpassed"):
+    if verdict in ("skipped", "xfailed", "xpassed", "blocked", "crashed"):
         reasons = [t.reason for t in deciding if t.reason]
         result.reason = "; ".join(dict.fromkeys(reasons)) or None
     k_parts = [t.k_expr for t in deciding if t.k_expr]
@@ -392,7 +401,7 @@ def exit_status(report: RunReport | None, pytest_status: int) -> int:
     """The CLI's exit status from the verdicts and pytest's own status.
 
     0: every clause passed, was skipped or failed as expected; 1: a clause
-    failed, was blocked or unexpectedly passed (or pytest saw a failing
+    failed, was blocked, crashed or unexpectedly passed (or pytest saw a failing
     test); 2: usage or configuration error, or no test selected; 3: the
     suite could not run (collection error, internal error, interrupted).
     """
@@ -400,6 +409,10 @@ def exit_status(report: RunReport | None, pytest_status: int) -> int:
         return 2
     if pytest_status == 5:
         return 2
+    if pytest_status == 2 and report is not None and report.failed:
+        # Interrupted after a failure: ``-x``/``--maxfail`` under xdist stops
+        # the workers that way. (A signal is reported as 3 by the CLI itself.)
+        return 1
     if pytest_status in (2, 3) or report is None:
         return 3
     if pytest_status == 1 or report.failed:

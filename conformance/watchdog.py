@@ -12,7 +12,13 @@ Mechanism: ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler that
 raises. Python runs signal handlers in the main thread between bytecodes and
 whenever a blocking system call returns ``EINTR``; pyzmq's blocking calls
 check for signals on ``EINTR`` before retrying, and ``time.sleep`` does too,
-so the exception surfaces even out of a blocking ``zmq_send``. Guards nest:
+so the exception surfaces even out of a blocking ``zmq_send``.
+
+Once a call has blocked, the test's verdict is ``blocked``; Hypothesis then
+shrinks, re-running examples that each block again. So after a block, and
+until :func:`new_test`, every guard's limit is cut to
+:data:`AFTER_BLOCK_LIMIT_S`: the verdict stands on the full-limit block,
+and shrinking costs a fraction of a second per example instead of the limit. Guards nest:
 the earliest deadline of all open guards is armed, and the call named in the
 exception is the one whose own limit ran out. A timer someone else had armed
 (``pytest-timeout``'s signal method, for instance) is restored, minus the time
@@ -37,7 +43,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from conformance.errors import CallBlocked
 
-__all__ = ["active", "call", "default_limit", "guard", "set_default_limit"]
+__all__ = [
+    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test",
+    "set_block_hook", "set_default_limit", "set_progress_hook",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -45,6 +54,8 @@ T = TypeVar("T")
 #: A call into a transport that takes longer than this is "blocked". Generous:
 #: nothing in the contract legitimately takes more than a fraction of it.
 _DEFAULT_LIMIT_S = 5.0
+#: The limit of every call once one has blocked in the same test.
+AFTER_BLOCK_LIMIT_S = 0.2
 #: Shortest timer ever armed (setitimer treats 0 as "disarm").
 _MIN_TIMER_S = 1e-4
 
@@ -63,6 +74,9 @@ _stack: list[_Guard] = []
 _saved_handler: Any = None
 _saved_timer: tuple[float, float] = (0.0, 0.0)
 _saved_at = 0.0
+_progress: Callable[[], None] | None = None
+_blocked_in_test = False
+_on_block: Callable[[], None] | None = None
 
 
 def default_limit() -> float:
@@ -76,6 +90,28 @@ def set_default_limit(seconds: float) -> None:
     if not seconds > 0:
         raise ValueError(f"watchdog limit must be positive, got {seconds!r}")
     _default_limit_s = float(seconds)
+
+
+def set_progress_hook(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` whenever a guarded call starts (``None``: stop).
+
+    Each call into the transport is evidence that the test is not hung; the
+    stall deadline of :mod:`conformance.postmortem` is pushed back by it.
+    """
+    global _progress
+    _progress = hook
+
+
+def set_block_hook(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` when a call blocks for the first time in a test (``None``: stop)."""
+    global _on_block
+    _on_block = hook
+
+
+def new_test() -> None:
+    """A test starts: limits are whole again (see the module docstring)."""
+    global _blocked_in_test
+    _blocked_in_test = False
 
 
 def active() -> bool:
@@ -94,6 +130,10 @@ def guard(call: str, limit: float | None = None) -> Iterator[None]:
     seconds = _default_limit_s if limit is None else float(limit)
     if not seconds > 0:
         raise ValueError(f"watchdog limit must be positive, got {limit!r}")
+    if _blocked_in_test:
+        seconds = min(seconds, AFTER_BLOCK_LIMIT_S)
+    if _progress is not None:
+        _progress()
     if not active():
         yield
         return
@@ -151,4 +191,8 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         return
     victim = min(expired, key=lambda g: g.deadline)
     victim.fired = True
+    global _blocked_in_test
+    if not _blocked_in_test and _on_block is not None:
+        _on_block()
+    _blocked_in_test = True
     raise CallBlocked(victim.call, victim.limit)

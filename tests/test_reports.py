@@ -41,6 +41,7 @@ def _result(outcome: str, *clauses: str, ce: str | None = None, k: str = "t") ->
 @pytest.mark.parametrize(
     ("outcomes", "verdict"),
     [
+        (["passed", "blocked", "crashed", "failed"], "crashed"),
         (["passed", "blocked", "failed"], "blocked"),
         (["passed", "failed", "xpassed"], "failed"),
         (["passed", "xpassed"], "xpassed"),
@@ -126,6 +127,7 @@ def test_phase_outcomes() -> None:
     assert outcome("call", "passed", wasxfail=True) == "xpassed"  # non-strict xfail
     assert outcome("call", "failed", xpassed=True) == "xpassed"  # strict XPASS
     assert outcome("call", "failed", blocked=True) == "blocked"
+    assert outcome("???", "failed", crashed=True) == "crashed"  # xdist's crash report
     assert outcome("teardown", "failed") == "failed"
     assert outcome("call", "skipped", wasxfail=True) == "xfailed"
     assert outcome("setup", "skipped") == "skipped"
@@ -256,3 +258,20 @@ def test_exit_status_mapping() -> None:
     assert exit_status(passing, 1) == 1  # pytest saw a failure the verdicts missed
     assert exit_status(passing, 4) == exit_status(passing, 5) == 2
     assert exit_status(None, 2) == exit_status(passing, 3) == 3
+    assert exit_status(passing, 2) == 3  # interrupted with nothing failed
+    assert exit_status(failing, 2) == 1  # -x under xdist stops by interrupting
+
+
+def test_crashed_clause_fails_the_run_in_every_format() -> None:
+    crash = _result("crashed", "CONN-1", ce="worker gw0 died: Aborted (SIGABRT)\n\nstack")
+    crash.reason = "worker gw0 died: Aborted (SIGABRT)"
+    report = RunReport("pkg.mod:T", "ci", 7, aggregate([crash], context=CTX))
+    verdict = report.clauses["CONN-1"]
+    assert report.failed and verdict.verdict == "crashed"
+    assert verdict.reason == "worker gw0 died: Aborted (SIGABRT)"
+    assert report.to_json()["counts"]["crashed"] == 1
+    case = next(c for c in ET.fromstring(render_junit(report)).iter("testcase")
+                if c.attrib["name"].startswith("CONN-1 "))
+    failure = case.find("failure")
+    assert failure is not None and failure.attrib["type"] == "crashed"
+    assert "| CONN-1 | **CRASHED** |" in render_markdown(report)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from conformance import contracts, profiles
+from conformance import contracts, lifeline, profiles
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.selfcheck import clause_filter
@@ -56,7 +56,7 @@ PROG = "zmq-conformance self-check"
 
 #: Verdicts that count as a kill (``xpassed`` only happens with an xfail file
 #: and says nothing about the mutant's defect).
-KILLING: Final = frozenset({"failed", "blocked"})
+KILLING: Final = frozenset({"failed", "blocked", "crashed"})
 #: Verdicts a control run may show.
 CLEAN: Final = frozenset({"passed", "skipped", "xfailed"})
 
@@ -178,6 +178,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
         "--transport", factory, "--json", str(json_path),
         "--profile", config.profile, "--hypothesis-seed", str(config.seed), "-q",
         "--contract", config.contract,
+        "-n", "1",  # one worker: runs go side by side; a crash or hang still costs one test
     ]
     if config.chaos:
         command.append("--chaos")
@@ -192,9 +193,12 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
     started = time.monotonic()
     with log_path.open("w", encoding="utf-8") as log:
         try:
+            # The job's thread waits for the run, so the run (and, through the
+            # CLI's own supervision, everything it starts) dies with self-check.
             proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
                                   env=_child_env(rundir / "hypothesis"),
-                                  timeout=config.run_timeout)
+                                  timeout=config.run_timeout,
+                                  preexec_fn=lifeline.preexec(thread_outlives_child=True))
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
             code = None

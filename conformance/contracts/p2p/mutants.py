@@ -99,6 +99,15 @@ FAILURE_MODES: Final[dict[str, FailureMode]] = _modes(
                 "the size limit enforced on one side only, or not at all"),
     FailureMode("context-leak",
                 "transport close() not terminating its ZeroMQ context"),
+    FailureMode("context-abandoned",
+                "transport close() dropping its sockets and context unclosed, leaving them to "
+                "the garbage collector (whose Context.__del__ can block forever)"),
+    FailureMode("call-never-returns",
+                "a call that waits without a timeout for something that never happens"),
+    FailureMode("process-crash",
+                "the process killed inside a call (a libzmq assertion, SIGABRT or SIGSEGV)"),
+    FailureMode("poll-spins",
+                "poll() spinning in a busy loop that never returns"),
     FailureMode("heartbeat-partially-applied",
                 "HEARTBEAT_IVL set without TIMEOUT/TTL, so the timeout silently equals the "
                 "interval"),
@@ -223,6 +232,20 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("close_leaks_context", "CloseLeaksContext",
        "transport close() closes every socket but never terminates its context",
        "context-leak", "RES-1"),
+    _m("close_abandons_context", "CloseAbandonsContext",
+       "transport close() closes the ROUTER but leaves DEALERs, monitors and the context "
+       "open and drops its references to them",
+       "context-abandoned", "RES-1"),
+    # -- misbehaving processes: each must end in its verdict, never in a hung run
+    _m("close_never_returns", "CloseNeverReturns",
+       "transport close() waits forever for an answer that never comes",
+       "call-never-returns", "CONN-5", "RES-1"),
+    _m("aborts_in_send", "AbortsInSend",
+       "send() on an outbound connection aborts the process (SIGABRT)",
+       "process-crash", "CONN-1", "MSG-1"),
+    _m("poll_spins", "PollSpins",
+       "poll() busy-waits forever once a connection is registered",
+       "poll-spins", "CONN-1", "POLL-1"),
     # -- heartbeats under faults (chaos)
     _m("heartbeat_not_applied", "HeartbeatNotApplied",
        "no ZMTP heartbeat option on any socket",

@@ -32,6 +32,8 @@ endpoint override its ``_attach_monitor`` hook.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -54,11 +56,14 @@ from reference_impl.transport import (
 )
 
 __all__ = [
+    "AbortsInSend",
     "AssertsOnRegisteredEntry",
     "BytesArriveAsStr",
+    "CloseAbandonsContext",
     "CloseForgetsByPeer",
     "CloseLeaksContext",
     "CloseLeaksMonitor",
+    "CloseNeverReturns",
     "DisconnectDebounced",
     "DropsFirstSendAfterReconnect",
     "DropsSendsBeforeHandshake",
@@ -83,6 +88,7 @@ __all__ = [
     "NoRouterHandover",
     "NonDictPayloadDelivered",
     "OversizeCrashesPoll",
+    "PollSpins",
     "ReceiverAcceptsOversize",
     "RecvReturnsOneAtATime",
     "RecvReturnsSharedList",
@@ -709,6 +715,61 @@ class CloseLeaksContext(ZmqTransport):
         self._router.close(linger=0)
         # MUTATION: no self._ctx.term(): libzmq's I/O and reaper threads and their
         # descriptors stay until the context is garbage-collected.
+
+
+class CloseAbandonsContext(ZmqTransport):
+    """``close()`` closes the ROUTER, then forgets its connections and its context."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._router.close(linger=0)
+        # MUTATION: the DEALERs, their monitors and the context stay open; the
+        # transport drops its references and leaves them to the garbage collector,
+        # whose Context.__del__ then waits in term() for sockets nobody closes.
+        self._connections = {}
+        del self._ctx
+
+
+# ---------------------------------------------------------------------------
+# Misbehaving processes: calls that never return, crash or spin
+# ---------------------------------------------------------------------------
+
+
+class CloseNeverReturns(ZmqTransport):
+    """``close()`` releases everything, then waits forever for a peer that never answers."""
+
+    def close(self) -> None:
+        already = self._closed
+        super().close()
+        if not already:
+            # MUTATION: a "goodbye" handshake whose answer never comes; no timeout.
+            threading.Event().wait()
+
+
+class _AbortingConnection(ZmqConnection):
+    def send(self, msg: Message) -> None:
+        if not self.inbound:
+            os.abort()  # MUTATION: libzmq's zmq_assert firing, in effect
+        super().send(msg)
+
+
+class AbortsInSend(ZmqTransport):
+    """``send()`` on an outbound connection kills the process (an assertion in C code)."""
+
+    connection_class = _AbortingConnection
+
+
+class PollSpins(ZmqTransport):
+    """``poll()`` busy-waits, forever, for a connection to become ready."""
+
+    def poll(self) -> list[ZmqConnection]:
+        new = super().poll()
+        if self._connections:
+            while True:  # MUTATION: waits for a readiness flag nothing ever sets
+                pass
+        return new
 
 
 # ---------------------------------------------------------------------------

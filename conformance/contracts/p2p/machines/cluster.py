@@ -43,7 +43,13 @@ from hypothesis.stateful import (
 from conformance import resources
 from conformance.contracts.p2p.machines.model import ClusterModel, ConnModel, Violation
 from conformance.errors import CallBlocked
-from conformance.harness import Cluster, Connection, Node, is_address_in_use
+from conformance.harness import (
+    Cluster,
+    Connection,
+    Node,
+    is_address_in_use,
+    release_leftovers,
+)
 from conformance.hostile import HostilePeer
 from conformance.spec import TransportSpec
 from conformance.strategies import hostile_frames, hostile_identities, is_plausible_peer_id
@@ -151,6 +157,10 @@ class ClusterMachine(RuleBasedStateMachine):
             except Exception as exc:
                 if not failing:
                     raise Violation("RES-1", f"closing a node raised {exc!r}") from exc
+            finally:
+                # Checked already; what a leaking transport left must not pile up
+                # into the next example's descriptor checks.
+                release_leftovers(self.cluster.nodes)
 
     def _log_failure(self, exc: BaseException | None) -> None:
         if isinstance(exc, AssertionError) and self.failure_log is not None:
