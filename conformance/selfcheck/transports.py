@@ -11,7 +11,12 @@ Rules every mutant follows:
 
 - **Deterministic defect.** No randomness: the defect fires on a fixed
   condition (the first send after a reconnect, the second poll after a
-  restart, ...), so a kill is reproducible.
+  restart, ...), so a kill is reproducible. The one exception,
+  :class:`DropsSendsAtRandom`, models a race: its drops come from one
+  fixed-seed generator per process, so a self-check run (fixed Hypothesis
+  seed, fixed test order) is reproducible, while a re-run of the same test in
+  the same process draws different drops, which is what the ``flaky`` verdict
+  is for.
 - **No hang of the whole run.** Mutants that leak sockets keep them on a list
   that :meth:`_LeakyTransport.close` releases before the reference's
   ``close()`` terminates the context; a leaked socket would otherwise make
@@ -32,6 +37,7 @@ endpoint override its ``_attach_monitor`` hook.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -61,6 +67,8 @@ __all__ = [
     "CloseLeaksMonitor",
     "DisconnectDebounced",
     "DropsFirstSendAfterReconnect",
+    "DropsLargeMessagesUndeclared",
+    "DropsSendsAtRandom",
     "DropsSendsBeforeHandshake",
     "DuplicateConnectReplaces",
     "DuplicatesOnReconnect",
@@ -660,6 +668,44 @@ class SendBlocksAtHwm(ZmqTransport):
     """``send()`` is a blocking libzmq send: instant until the high-water mark, then stuck."""
 
     connection_class = _BlockingSendConnection
+
+
+class _LargeDroppingConnection(ZmqConnection):
+    def send(self, msg: Message) -> None:
+        if self.alive and len(self._transport._encode(msg)) > 64 * 1024:
+            return  # MUTATION: a hidden 64 KiB buffer; larger messages vanish
+        super().send(msg)
+
+
+class DropsLargeMessagesUndeclared(ZmqTransport):
+    """Messages over 64 KiB are silently dropped, and no ``max_message_bytes`` is declared."""
+
+    connection_class = _LargeDroppingConnection
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {  # type: ignore[misc]
+        key: value for key, value in ZmqTransport.zmq_conformance_capabilities.items()
+        if key != "max_message_bytes"  # MUTATION: the limit is not declared
+    }
+
+
+class _RandomlyDroppingConnection(ZmqConnection):
+    def send(self, msg: Message) -> None:
+        if self.alive and DropsSendsAtRandom.rng.random() < DropsSendsAtRandom.drop_probability:
+            self._transport._encode(msg)
+            return  # MUTATION: a race that loses about one message in 1500
+        super().send(msg)
+
+
+class DropsSendsAtRandom(ZmqTransport):
+    """``send()`` silently loses a message with probability 1/1500 (a race, not a rule).
+
+    The drops come from one generator per process with a fixed seed, shared by
+    every instance: the same sequence of sends in a fresh process loses the
+    same messages, a re-run in the same process continues the sequence.
+    """
+
+    connection_class = _RandomlyDroppingConnection
+    drop_probability: ClassVar[float] = 1 / 1500
+    rng: ClassVar[random.Random] = random.Random(20261130)
 
 
 class SendUncheckedSize(ZmqTransport):
