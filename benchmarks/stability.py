@@ -57,7 +57,7 @@ def _main_job(index: int, chaos: bool, extra: Sequence[str], workdir: Path) -> d
         data = None
     if data is None or proc.returncode not in (0, 1):
         job["broken"] = True
-        job["tail"] = (proc.stdout + proc.stderr)[-2000:]
+        job["tail"] = _excerpt(proc.stdout + proc.stderr)
         return job
     job["seed"] = data.get("seed")
     job["failing_clauses"] = {
@@ -76,6 +76,22 @@ def _main_job(index: int, chaos: bool, extra: Sequence[str], workdir: Path) -> d
     job["failing_tests"] = failing_tests
     job["tests"] = len({t["nodeid"] for e in data["clauses"].values() for t in e["tests"]})
     return job
+
+
+def _excerpt(output: str) -> str:
+    """What explains a broken job: a fatal error's header and stack (faulthandler
+    prints the signal and the test in progress first), else the output's last
+    lines; with this machine's paths shortened, so results can be committed."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith(("Fatal Python error", "Thread 0x", "Current thread"))),
+                 None)
+    kept = lines[max(0, start - 5):start + 40] if start is not None else lines[-40:]
+    text = "\n".join(kept)
+    for prefix, short in ((str(_ROOT), "."), (sys.prefix, "<venv>"),
+                          (tempfile.gettempdir(), "<tmp>")):
+        text = text.replace(prefix, short)
+    return text
 
 
 def _error_line(counterexample: str) -> str:
