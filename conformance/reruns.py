@@ -12,6 +12,12 @@ more times:
    still replays the failing example first while it fails; once it passes,
    Hypothesis drops it and the generation starts from the fresh seed.
 
+Without ``--hypothesis-seed`` (plain pytest) Hypothesis draws a random seed
+per test, so the first re-run is "same seed" only through the database; the
+CLI always passes a seed. A fresh-seed re-run that fails saves its own
+(unshrunk) example in the database too; the reported ``@reproduce_failure``
+line replays the first run's example exactly.
+
 Shrinking is off during re-runs (only the outcome counts, and against a
 misbehaving transport every shrink step can wait out a harness deadline).
 
