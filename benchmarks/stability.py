@@ -72,6 +72,8 @@ def _main_job(index: int, chaos: bool, extra: Sequence[str], workdir: Path) -> d
                     "outcome": test["outcome"],
                     "reason": test.get("reason"),
                     "error": _error_line(test.get("counterexample") or ""),
+                    "runs": test.get("runs"),
+                    "failed_runs": test.get("failed_runs"),
                 }
     job["failing_tests"] = failing_tests
     job["tests"] = len({t["nodeid"] for e in data["clauses"].values() for t in e["tests"]})
@@ -193,7 +195,9 @@ def markdown_jobs(result: dict[str, Any]) -> str:
     if failures:
         lines += ["", "| Run | Seed | Test | Outcome | Detail |", "|---|---|---|---|---|"]
         for job, nodeid, test in failures:
-            detail = (test["reason"] or test["error"] or "").replace("|", "/")
+            tally = (f"failed {test['failed_runs']} of {test['runs']} runs: "
+                     if test.get("runs") else "")
+            detail = (tally + (test["error"] or test["reason"] or "")).replace("|", "/")
             lines.append(f"| {job['index'] + 1} | {job.get('seed')} | "
                          f"`{nodeid.rsplit('::', 1)[-1]}` | {test['outcome']} | {detail} |")
     broken = [j for j in result["jobs"] if j.get("broken")]

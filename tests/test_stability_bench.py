@@ -41,7 +41,8 @@ def test_main_jobs_table_counts_failing_runs_per_test_and_clause() -> None:
         {"index": 1, "exit": 1, "wall_s": 41.0, "seed": 2,
          "failing_clauses": {"CONN-7": "flaky", "CONN-3": "flaky"},
          "failing_tests": {"s/test_connections.py::test_flapping[close]": {
-             "outcome": "flaky", "reason": "flaky: failed 1 of 5 runs", "error": "x"}}},
+             "outcome": "flaky", "reason": None, "error": "x", "runs": 5,
+             "failed_runs": 1}}},
         {"index": 2, "exit": 3, "wall_s": 5.0, "broken": True, "tail": "boom"},
     ]
     result = {
@@ -54,5 +55,5 @@ def test_main_jobs_table_counts_failing_runs_per_test_and_clause() -> None:
     assert "1 clean, 1 with a failing verdict, 1 broken" in text
     assert "| `test_connections.py::test_flapping[close]` | 1 / 2 |" in text
     assert "| CONN-7 | 1 / 2 |" in text
-    assert "| 2 | 2 | `test_flapping[close]` | flaky | flaky: failed 1 of 5 runs |" in text
+    assert "| 2 | 2 | `test_flapping[close]` | flaky | failed 1 of 5 runs: x |" in text
     assert "Run 3 broke (exit 3)" in text and "boom" in text
