@@ -4,6 +4,10 @@ Sections: ``transport`` (reference vs raw baseline), ``suite`` (the suite's
 own cost), ``detection`` (heartbeat detection vs the timeout), ``proxy``
 (the embedded fault proxy vs direct TCP), ``kv_events`` (the KV-event publisher
 and subscriber vs raw loops, replay time). Pick some with ``--only``.
+
+``python -m benchmarks stability ...`` is separate (it takes minutes per run):
+consecutive main jobs on the reference, or one test many times; see
+:mod:`benchmarks.stability`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ def _progress(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["stability"]:
+        from benchmarks import stability
+
+        return stability.main(args_in[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--repeats", type=int, default=5, help="trials per figure (default 5)")
@@ -53,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("benchmarks/results"),
         help="directory for results.json, results.md and plots",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 

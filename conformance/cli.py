@@ -18,8 +18,9 @@ enough for a transport that kills its worker in every test.
 Exit status:
 
 * 0: every clause passed, failed as expected (xfail file) or was skipped;
-* 1: a clause failed, was blocked (a call or the test hung), crashed (the
-  process running it died) or unexpectedly passed;
+* 1: a clause failed, was flaky (failed only in some of its re-runs), was
+  blocked (a call or the test hung), crashed (the process running it died) or
+  unexpectedly passed;
 * 2: usage or configuration error (bad ``--transport``, unknown profile,
   bad capability, unreadable xfail file, ``-k`` selecting nothing);
 * 3: the suite could not run (collection error, internal error, interrupt:
@@ -65,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Conformance suite for the ZeroMQ channels of LLM serving, one contract "
         f"per channel ({', '.join(contracts.CONTRACTS)}).",
         epilog="Exit status: 0 all clauses pass (or xfail/skip), 1 a clause failed, was "
-        "blocked, crashed or xpassed, 2 usage/configuration error, 3 the suite could not run "
-        "(or was interrupted).",
+        "flaky, blocked, crashed or xpassed, 2 usage/configuration error, 3 the suite could "
+        "not run (or was interrupted).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(default {postmortem.DEFAULT_STALL_LIMIT_S:.0f})")
     run.add_argument("--hypothesis-seed", metavar="SEED",
                      help="seed for Hypothesis (default: a fresh random seed, reported)")
+    run.add_argument("--reruns", type=int, default=None, metavar="N",
+                     help="re-run a failing test up to N times, to report a failure that "
+                          "does not always reproduce as 'flaky' (default 4; 0: never)")
     run.add_argument("--chaos", action="store_true",
                      help="also run the chaos clauses (heartbeats under injected faults)")
     run.add_argument("--suite", action="append", default=[], metavar="PATH",
@@ -234,6 +238,10 @@ def _pytest_args(
     elif not seed.isdigit():
         raise ConfigError(f"--hypothesis-seed={seed!r}: expected a non-negative integer")
     out.append(f"--hypothesis-seed={seed}")
+    if args.reruns is not None:
+        if args.reruns < 0:
+            raise ConfigError(f"--reruns={args.reruns}: expected a non-negative integer")
+        out += ["--zmq-reruns", str(args.reruns)]
     if args.keyword:
         out += ["-k", args.keyword]
     if args.chaos:

@@ -23,8 +23,14 @@ process) to the one writing reports through ``report.user_properties``:
 ``zmq_clauses``, ``zmq_k`` (a ``-k`` expression for replay), ``zmq_chaos``,
 ``zmq_xfail`` (set at collection), ``zmq_transport`` (set by the fixture when
 a user override is in use), ``zmq_blocked``, ``zmq_xpassed`` and
-``zmq_counterexample`` (set when the report is made), ``zmq_crashed`` (set
-by the controller on the report xdist makes for a test whose worker died).
+``zmq_counterexample`` (set when the report is made), ``zmq_reruns`` and
+``zmq_rerun_s`` (the re-run tally, set before the reports are logged),
+``zmq_crashed`` (set by the controller on the report xdist makes for a test
+whose worker died).
+
+A failing clause test is re-run (``--zmq-reruns N``, see
+:mod:`conformance.reruns`) inside the process that ran it, before its
+reports are logged, so under xdist the tally travels with the reports.
 
 Hangs and crashes the watchdog cannot turn into a verdict are handled by
 :mod:`conformance.postmortem`: every process running suite tests keeps a
@@ -37,6 +43,7 @@ worker dies, the controller reads what it left and reports the test
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import os
 import shutil
@@ -49,7 +56,16 @@ from typing import Any
 
 import pytest
 
-from conformance import contracts, lifeline, postmortem, profiles, selection, watchdog, xfail
+from conformance import (
+    contracts,
+    lifeline,
+    postmortem,
+    profiles,
+    reruns,
+    selection,
+    watchdog,
+    xfail,
+)
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
@@ -81,6 +97,7 @@ class _State:
 
     opted_in: bool = False
     only: bool = False
+    rerun_count: int = reruns.DEFAULT_RERUNS
     chaos: bool = False
     profile: str = profiles.DEFAULT_PROFILE
     contract: str = contracts.DEFAULT_CONTRACT
@@ -143,6 +160,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a suite test that starts no call into the transport for this long "
                          "is hung: its process is ended and the test reported blocked "
                          f"(default {postmortem.DEFAULT_STALL_LIMIT_S:.0f})")
+    group.addoption("--zmq-reruns", metavar="N", type=_reruns_count, default=None,
+                    help="re-run a failing clause test up to N times to tell a flaky "
+                         f"failure from a reproducible one (default {reruns.DEFAULT_RERUNS}; "
+                         "0: never)")
     group.addoption("--zmq-report-json", metavar="PATH", default=None,
                     help="write per-clause verdicts as JSON")
     group.addoption("--zmq-report-junit", metavar="PATH", default=None,
@@ -158,6 +179,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("zmq_profile", "depth profile of the suite (ci, dev, thorough)", default="")
     parser.addini("zmq_xfail_file", "expected-failure file (relative to the ini file)",
                   default="")
+
+
+def _reruns_count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--zmq-reruns={text!r}: expected a non-negative integer"
+        )
+    return int(text)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -316,6 +345,8 @@ def _configure(config: pytest.Config) -> _State:
     )
     state.chaos = bool(config.getoption("zmq_chaos"))
     state.contract = selection.configured_contract(config).name
+    count = config.getoption("zmq_reruns")
+    state.rerun_count = reruns.DEFAULT_RERUNS if count is None else count
     state.xfail_entries, state.xfail_origin = _load_xfail(config)
     if state.opted_in:
         spec = selection.spec_from_config(config)
@@ -536,6 +567,26 @@ def _apply_xfail(
         )
 
 
+@pytest.hookimpl(tryfirst=True, specname="pytest_runtest_protocol")
+def pytest_runtest_protocol_reruns(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> bool | None:
+    """Run a clause test, re-run it if it failed, then log the first run's reports.
+
+    Other tests, and every test with ``--zmq-reruns 0``, run as pytest runs them.
+    Inside the supervising wrapper above, so re-runs keep the stall deadline.
+    """
+    state = item.config.stash.get(_STATE, None)
+    if state is None or state.rerun_count <= 0 or item.stash.get(_CLAUSES, None) is None:
+        return None
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for report in reruns.run_with_reruns(item, nextitem, state.rerun_count):
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -586,11 +637,15 @@ class _Recorder:
             )
             state.results[report.nodeid] = result
         wasxfail = getattr(report, "wasxfail", None)
+        tally = reruns.Tally.decode(props.get(reruns.PROPERTY, ""))
         outcome = phase_outcome(
             when=report.when or "", outcome=report.outcome, wasxfail=wasxfail is not None,
             blocked="zmq_blocked" in props, xpassed="zmq_xpassed" in props,
             crashed="zmq_crashed" in props,
+            flaky=tally is not None and tally.flaky,
         )
+        if tally is not None:
+            result.reruns = tally
         reason: str | None = None
         if outcome == "skipped":
             reason = _skip_reason(report)
@@ -600,8 +655,9 @@ class _Recorder:
             reason = props.get("zmq_blocked")
         elif outcome == "crashed":
             reason = props.get("zmq_crashed")
+        rerun_s = props.get(reruns.SECONDS_PROPERTY)
         result.add_phase(
-            outcome, report.duration, reason=reason,
+            outcome, report.duration + (float(rerun_s) if rerun_s else 0.0), reason=reason,
             counterexample=props.get("zmq_counterexample"),
         )
         if "zmq_blamed" in props:

@@ -3,8 +3,9 @@
 * JSON: ``{"contract", "transport", "profile", "seed", "counts", "clauses":
   {ID: {...}}}``, one entry per clause of the contract (see ``docs/usage.md`` for the fields).
 * JUnit XML: one ``<testsuite name="zmq-conformance">``, one ``<testcase>`` per
-  clause; ``failed``, ``blocked``, ``crashed`` and ``xpassed`` clauses carry a ``<failure>``
-  (its ``type`` is the verdict), ``skipped`` and ``xfailed`` ones a
+  clause; ``failed``, ``flaky``, ``blocked``, ``crashed`` and ``xpassed`` clauses
+  carry a ``<failure>`` (its ``type`` is the verdict; the re-run tally, "flaky:
+  failed 2 of 5 runs", leads its text), ``skipped`` and ``xfailed`` ones a
   ``<skipped>``.
 * Markdown: a summary line and a table (failures first), then one section per
   failing clause with its requirement, shortest counterexample and replay
@@ -27,6 +28,7 @@ _VERDICT_LABEL = {
     "crashed": "**CRASHED**",
     "blocked": "**BLOCKED**",
     "failed": "**FAILED**",
+    "flaky": "**FLAKY**",
     "xpassed": "**XPASSED**",
     "passed": "passed",
     "xfailed": "xfailed",
@@ -200,6 +202,8 @@ def _first_line(verdict: ClauseVerdict) -> str:
 
 def _failure_text(verdict: ClauseVerdict) -> str:
     parts = [verdict.clause.requirement]
+    if verdict.reason:
+        parts += ["", f"Reason: {verdict.reason}"]
     if verdict.counterexample:
         parts += ["", "Counterexample:", verdict.counterexample]
     if verdict.replay:

@@ -5,6 +5,14 @@ MessagePack represents: nested maps and lists, unicode and binary strings,
 integers over the whole signed and unsigned 64-bit range, floats including
 ``-0.0``, the infinities and NaN, booleans and ``None``. They stay small
 (a few kilobytes), far below any sensible ``max_message_bytes``.
+
+Large messages (:func:`large_messages`, :func:`sized_messages`) are part of
+fidelity and ordering whatever a transport declares: every transport must
+carry messages up to :data:`LARGE_MESSAGE_BYTES` (1 MiB), or up to its
+declared ``max_message_bytes`` when that is smaller. The strategies draw only
+a :class:`LargeMessage` (a size); the test builds the bytes with
+:meth:`LargeMessage.build` once it knows the declared limit, so a
+counterexample prints ``LargeMessage(size=1048576)``, not a megabyte.
 :func:`first_difference` compares a sent message with a received one
 strictly: ``True`` is not ``1``, ``1`` is not ``1.0``, ``-0.0`` is not
 ``0.0``, ``str`` is not ``bytes``, and NaN equals NaN.
@@ -18,24 +26,32 @@ present (:func:`hostile_identities`), payloads that are not an encoded dict
 from __future__ import annotations
 
 import math
-from typing import Any
+import random
+from dataclasses import dataclass
+from typing import Any, Final
 
 import msgspec
 from hypothesis import strategies as st
 
 __all__ = [
     "INT64_MIN",
+    "LARGE_MESSAGE_BYTES",
+    "SMALL_MESSAGE_BYTES",
     "UINT64_MAX",
+    "LargeMessage",
     "encoded_size",
     "first_difference",
     "hostile_frames",
     "hostile_identities",
     "hostile_payloads",
     "is_plausible_peer_id",
+    "large_messages",
     "message_of_size",
     "messages",
     "msgpack_values",
     "nesting_bomb",
+    "padded",
+    "sized_messages",
 ]
 
 INT64_MIN = -(2**63)
@@ -151,6 +167,72 @@ def first_difference(sent: Any, got: Any, path: str = "msg") -> str | None:
                 return diff
         return None
     raise TypeError(f"{path}: {type(sent).__name__} is not a MessagePack value")
+
+
+# -- large messages --------------------------------------------------------
+
+#: Every transport must carry messages this large (encoded), declared limit or
+#: not; a declared ``max_message_bytes`` below it bounds the sizes instead.
+LARGE_MESSAGE_BYTES: Final = 1 << 20
+#: Above this a message counts as large: the first size a transport with a
+#: 64 KiB buffer (a common hidden limit) cannot carry in one piece.
+SMALL_MESSAGE_BYTES: Final = 64 * 1024
+
+
+def padded(base: dict[str, Any], size: int, *, key: str = "pad") -> dict[str, Any]:
+    """``base`` plus ``{key: bytes}`` so the MessagePack encoding is ``size`` bytes.
+
+    The padding is pseudo-random (seeded by ``size``), so a transport that
+    truncates, zeroes or shuffles part of a large frame is caught by the
+    comparison. When ``size`` is too small for any padding, ``base`` is
+    returned unchanged (the message is then as small as it can be).
+    """
+    if key in base:
+        raise ValueError(f"padded: {key!r} is already a key of the message")
+    overhead = encoded_size({**base, key: b""})
+    if size <= overhead:
+        return dict(base)
+    # The bin header grows (2 -> 3 -> 5 bytes) with the length; try each.
+    filler = random.Random(size).randbytes(size - overhead)
+    for extra_header in (0, 1, 3):
+        n = size - overhead - extra_header
+        if n >= 0 and encoded_size({**base, key: filler[:n]}) == size:
+            return {**base, key: filler[:n]}
+    raise ValueError(f"padded: no padding makes {base!r:.60} encode to {size} bytes")
+
+
+@dataclass(frozen=True)
+class LargeMessage:
+    """A large message still to be built: only its encoded size was drawn."""
+
+    size: int
+
+    def build(self, limit: int | None, **fields: Any) -> dict[str, Any]:
+        """The message: ``fields`` padded to ``size`` bytes, at most ``limit`` (if declared)."""
+        size = self.size if limit is None else min(self.size, limit)
+        return padded(dict(fields), size)
+
+
+def large_messages() -> st.SearchStrategy[LargeMessage]:
+    """Sizes just over 64 KiB up to 1 MiB; the boundaries come up most often."""
+    boundaries = [SMALL_MESSAGE_BYTES + 1, 4 * SMALL_MESSAGE_BYTES, LARGE_MESSAGE_BYTES]
+    sizes = st.one_of(
+        st.sampled_from(boundaries),
+        st.integers(min_value=SMALL_MESSAGE_BYTES + 1, max_value=LARGE_MESSAGE_BYTES),
+    )
+    return sizes.map(LargeMessage)
+
+
+def sized_messages(*, one_in: int = 8) -> st.SearchStrategy[dict[str, Any] | LargeMessage]:
+    """Mostly :func:`messages`; about one draw in ``one_in`` a :class:`LargeMessage`.
+
+    Large ones stay occasional so a default run does not spend its time
+    copying megabytes; the tests add an explicit 1 MiB example so every run
+    sends at least one.
+    """
+    return st.integers(min_value=1, max_value=one_in).flatmap(
+        lambda k: large_messages() if k == 1 else messages()
+    )
 
 
 # -- hostile input ---------------------------------------------------------

@@ -5,7 +5,7 @@ pytest reports of its phases (setup, call, teardown); each clause gets one
 *verdict* from the outcomes of its tests, by this precedence (strongest
 first)::
 
-    crashed > blocked > failed > xpassed > passed > xfailed > skipped
+    crashed > blocked > failed > flaky > xpassed > passed > xfailed > skipped
 
 So one failing test fails its clause whatever the others did, an unexpected
 pass (``xpassed``, the expected-failure list is stale) outranks passes, and a
@@ -19,7 +19,14 @@ are ``skipped`` with ``"chaos clauses run with --chaos"``.
 watchdog limit, or the test made no progress at all within the stall limit
 (see :mod:`conformance.postmortem`).
 
-Verdicts that fail a run: ``crashed``, ``blocked``, ``failed`` and ``xpassed``.
+A test that failed and was re-run (:mod:`conformance.reruns`) is ``failed``
+when it failed every time and ``flaky`` when it also passed; its
+:class:`~conformance.reruns.Tally` gives the clause's reason ("flaky: failed
+2 of 5 runs", "reproduced 5 of 5 runs"). A deterministic failure outranks a
+flaky one, so a clause shows the strongest evidence against it.
+
+Verdicts that fail a run: ``crashed``, ``blocked``, ``failed``, ``flaky`` and
+``xpassed``.
 """
 
 from __future__ import annotations
@@ -32,10 +39,13 @@ from typing import Any, Final
 
 from conformance.clauses import CLAUSES, Clause
 from conformance.errors import CallBlocked
+from conformance.reruns import Tally
 
 #: Verdicts from strongest to weakest.
-PRECEDENCE: Final = ("crashed", "blocked", "failed", "xpassed", "passed", "xfailed", "skipped")
-FAILING: Final = frozenset({"crashed", "blocked", "failed", "xpassed"})
+PRECEDENCE: Final = (
+    "crashed", "blocked", "failed", "flaky", "xpassed", "passed", "xfailed", "skipped",
+)
+FAILING: Final = frozenset({"crashed", "blocked", "failed", "flaky", "xpassed"})
 NO_TEST_REASON: Final = "no test collected"
 CHAOS_REASON: Final = "chaos clauses run with --chaos"
 
@@ -54,6 +64,7 @@ def strongest(outcomes: Iterable[str]) -> str:
 def phase_outcome(
     *, when: str, outcome: str, wasxfail: bool, blocked: bool, xpassed: bool,
     crashed: bool = False,
+    flaky: bool = False,
 ) -> str | None:
     """The outcome one pytest phase report contributes, or ``None`` for a plain pass.
 
@@ -61,7 +72,8 @@ def phase_outcome(
     is set when an expected failure failed (or, non-strict, passed);
     ``xpassed`` flags pytest's strict XPASS (a failed call without exception);
     ``blocked`` flags a :class:`CallBlocked` failure (or a stalled test);
-    ``crashed`` a test whose process died.
+    ``crashed`` a test whose process died; ``flaky`` a failure that re-runs
+    did not reproduce every time.
     """
     if outcome == "skipped":
         return "xfailed" if wasxfail else "skipped"
@@ -70,7 +82,9 @@ def phase_outcome(
             return "crashed"
         if xpassed:
             return "xpassed"
-        return "blocked" if blocked else "failed"
+        if blocked:
+            return "blocked"
+        return "flaky" if flaky else "failed"
     if when == "call":
         return "xpassed" if wasxfail else "passed"
     return None
@@ -174,6 +188,8 @@ class TestResult:
     blamed: tuple[str, ...] = ()
     #: What the test measured (``record_property``), e.g. heartbeat detection times.
     measurements: dict[str, str] = field(default_factory=dict)
+    #: How many of its runs failed, when it failed and was re-run.
+    reruns: Tally | None = None
     _ran: bool = field(default=False, init=False, repr=False)
 
     def add_phase(
@@ -227,6 +243,8 @@ class ClauseVerdict:
                     "reason": t.reason,
                     "counterexample": t.counterexample,
                     "measurements": dict(t.measurements),
+                    **({"runs": t.reruns.runs, "failed_runs": t.reruns.failed}
+                       if t.reruns is not None else {}),
                 }
                 for t in self.tests
             ],
@@ -253,7 +271,7 @@ class RunReport:
 
     @property
     def failed(self) -> bool:
-        """True when a clause crashed, blocked, failed or xpassed (the run fails)."""
+        """True when a clause crashed, blocked, failed, was flaky or xpassed (the run fails)."""
         return any(v.verdict in FAILING for v in self.clauses.values())
 
     def counts(self) -> dict[str, int]:
@@ -263,7 +281,8 @@ class RunReport:
         return totals
 
     def ordered(self) -> list[ClauseVerdict]:
-        """Failures first (crashed, blocked, failed, xpassed), then the rest, registry order."""
+        """Failures first (crashed, blocked, failed, flaky, xpassed), then the rest, registry
+        order within."""
         order = list(CLAUSES)
         return sorted(
             self.clauses.values(),
@@ -385,6 +404,10 @@ def _verdict(
     if verdict in ("skipped", "xfailed", "xpassed", "blocked", "crashed"):
         reasons = [t.reason for t in deciding if t.reason]
         result.reason = "; ".join(dict.fromkeys(reasons)) or None
+    elif verdict in ("failed", "flaky"):
+        tallies = [t.reruns.describe() for t in tests
+                   if t.outcome == verdict and t.reruns is not None]
+        result.reason = "; ".join(dict.fromkeys(tallies)) or None
     k_parts = [t.k_expr for t in deciding if t.k_expr]
     if k_parts and verdict != "skipped":
         k_expr = " or ".join(dict.fromkeys(f"({k})" if " " in k else k for k in k_parts))
@@ -401,7 +424,7 @@ def exit_status(report: RunReport | None, pytest_status: int) -> int:
     """The CLI's exit status from the verdicts and pytest's own status.
 
     0: every clause passed, was skipped or failed as expected; 1: a clause
-    failed, was blocked, crashed or unexpectedly passed (or pytest saw a failing
+    failed, was flaky, was blocked, crashed or unexpectedly passed (or pytest saw a failing
     test); 2: usage or configuration error, or no test selected; 3: the
     suite could not run (collection error, internal error, interrupted).
     """

@@ -5,9 +5,16 @@ For each selected mutant the suite runs in a child process
 the tests of the clauses the mutant targets (the
 :mod:`~conformance.selfcheck.clause_filter` plugin), and, only when that run
 does not kill it, once more over the whole suite. A mutant is *killed* when a
-clause's verdict is ``failed`` or ``blocked`` (a call hung and the watchdog
-caught it). Each distinct base transport (the reference, for the built-in
-catalog) runs the whole suite as a *control* and must not fail anything.
+clause's verdict is ``failed``, ``flaky`` or ``blocked`` (a call hung and the
+watchdog caught it). Each distinct base transport (the reference, for the
+built-in catalog) runs the whole suite as a *control* and must not fail
+anything.
+
+Re-runs: mutant runs pass ``--reruns 0``. A mutant's failure is a kill
+whether it reproduces or not, so re-running it would only add time (each
+re-run of a failing test can wait out a harness deadline). Control runs keep
+the default re-runs: should a control fail, the report tells a race in the
+base transport (``flaky``) from a deterministic defect (``failed``).
 
 Runs are independent processes, ``-n`` at a time (default 2). Each gets its
 own Hypothesis database (``HYPOTHESIS_STORAGE_DIRECTORY``) so a failure found
@@ -56,7 +63,7 @@ PROG = "zmq-conformance self-check"
 
 #: Verdicts that count as a kill (``xpassed`` only happens with an xfail file
 #: and says nothing about the mutant's defect).
-KILLING: Final = frozenset({"failed", "blocked", "crashed"})
+KILLING: Final = frozenset({"failed", "flaky", "blocked", "crashed"})
 #: Verdicts a control run may show.
 CLEAN: Final = frozenset({"passed", "skipped", "xfailed"})
 
@@ -169,8 +176,11 @@ def _child_env(storage: Path) -> dict[str, str]:
 
 
 def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, tag: str,
-              stop_at_first_failure: bool) -> SuiteRun:
-    """Run the suite against ``factory`` in a child process; ``clauses=None``: all of it."""
+              stop_at_first_failure: bool, reruns: int | None = None) -> SuiteRun:
+    """Run the suite against ``factory`` in a child process; ``clauses=None``: all of it.
+
+    ``reruns`` is passed as ``--reruns`` (``None``: the suite's default).
+    """
     rundir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=config.workdir))
     json_path = rundir / "verdicts.json"
     command = [
@@ -182,6 +192,8 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
     ]
     if config.chaos:
         command.append("--chaos")
+    if reruns is not None:
+        command += ["--reruns", str(reruns)]
     command += [*config.run_args, "--", "-p", "conformance.selfcheck.clause_filter",
                 "-p", "no:cacheprovider"]
     command += [clause_filter.SHRINK_OPTION, str(config.shrink_seconds)]
@@ -243,7 +255,7 @@ def check_mutant(mutant: Mutant, config: _Config) -> MutantResult:
     notes: list[str] = []
     for stage, clauses in (("targeted", _targets(mutant, config.chaos)), ("full", None)):
         run = run_suite(mutant.factory, clauses, config, tag=f"{mutant.name}-{stage}",
-                        stop_at_first_failure=True)
+                        stop_at_first_failure=True, reruns=0)
         total += run.seconds
         if run.status == "timeout":
             return MutantResult(mutant, "hung", [], total, None, stage,

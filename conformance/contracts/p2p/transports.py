@@ -11,7 +11,12 @@ Rules every mutant follows:
 
 - **Deterministic defect.** No randomness: the defect fires on a fixed
   condition (the first send after a reconnect, the second poll after a
-  restart, ...), so a kill is reproducible.
+  restart, ...), so a kill is reproducible. The one exception,
+  :class:`DropsSendsAtRandom`, models a race: its drops come from one
+  fixed-seed generator per process, so a self-check run (fixed Hypothesis
+  seed, fixed test order) is reproducible, while a re-run of the same test in
+  the same process draws different drops, which is what the ``flaky`` verdict
+  is for.
 - **No hang of the whole run.** Mutants that leak sockets keep them on a list
   that :meth:`_LeakyTransport.close` releases before the reference's
   ``close()`` terminates the context; a leaked socket would otherwise make
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +72,8 @@ __all__ = [
     "CloseNeverReturns",
     "DisconnectDebounced",
     "DropsFirstSendAfterReconnect",
+    "DropsLargeMessagesUndeclared",
+    "DropsSendsAtRandom",
     "DropsSendsBeforeHandshake",
     "DuplicateConnectReplaces",
     "DuplicatesOnReconnect",
@@ -666,6 +674,47 @@ class SendBlocksAtHwm(ZmqTransport):
     """``send()`` is a blocking libzmq send: instant until the high-water mark, then stuck."""
 
     connection_class = _BlockingSendConnection
+
+
+class _LargeDroppingConnection(ZmqConnection):
+    def send(self, msg: Message) -> None:
+        if self.alive and len(self._transport._encode(msg)) > 64 * 1024:
+            return  # MUTATION: a hidden 64 KiB buffer; larger messages vanish
+        super().send(msg)
+
+
+class DropsLargeMessagesUndeclared(ZmqTransport):
+    """Messages over 64 KiB are silently dropped, and no ``max_message_bytes`` is declared."""
+
+    connection_class = _LargeDroppingConnection
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {  # type: ignore[misc]
+        key: value for key, value in ZmqTransport.zmq_conformance_capabilities.items()
+        if key != "max_message_bytes"  # MUTATION: the limit is not declared
+    }
+
+
+class _RandomlyDroppingConnection(ZmqConnection):
+    def send(self, msg: Message) -> None:
+        transport = self._transport
+        assert isinstance(transport, DropsSendsAtRandom)
+        if self.alive and transport.rng.random() < transport.drop_probability:
+            transport._encode(msg)
+            return  # MUTATION: a race that loses about one message in 3000
+        super().send(msg)
+
+
+class DropsSendsAtRandom(ZmqTransport):
+    """``send()`` silently loses a message with probability 1/3000 (a race, not a rule).
+
+    The drops come from one generator per process with a fixed seed, shared by
+    every instance: the same sequence of sends in a fresh process loses the
+    same messages, a re-run in the same process continues the sequence. A
+    subclass may set its own ``drop_probability`` and ``rng``.
+    """
+
+    connection_class = _RandomlyDroppingConnection
+    drop_probability: ClassVar[float] = 1 / 3000
+    rng: ClassVar[random.Random] = random.Random(93)
 
 
 class SendUncheckedSize(ZmqTransport):

@@ -4,6 +4,13 @@ Fidelity and ordering are properties over Hypothesis-generated messages and
 send/poll schedules; ``send()`` never blocking (MSG-4) is checked through the
 watchdog, not with timing asserts: a ``send()`` that blocks is interrupted
 and reported as blocked.
+
+Fidelity and ordering cover messages up to 1 MiB whatever the transport
+declares (bounded by a declared ``max_message_bytes`` when it is smaller):
+large messages are drawn occasionally, and an explicit example sends 1 MiB
+in each direction on every run, so a transport that silently drops large
+messages fails MSG-1 and MSG-2 even without a declaration. A declared limit
+adds MSG-5 (the exact boundary) on top.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from conformance import profiles
@@ -29,7 +36,14 @@ from conformance.harness import (
 )
 from conformance.hostile import HostilePeer, StalledListener, learn_wire_format
 from conformance.spec import TransportSpec
-from conformance.strategies import first_difference, message_of_size, messages
+from conformance.strategies import (
+    LARGE_MESSAGE_BYTES,
+    LargeMessage,
+    first_difference,
+    large_messages,
+    message_of_size,
+    sized_messages,
+)
 
 #: Watchdog limit of a single send() in MSG-4: far above what queueing takes.
 _SEND_LIMIT_S = 2.0
@@ -42,42 +56,66 @@ def _assert_same(sent: list[dict[str, Any]], got: list[dict[str, Any]], clause: 
         assert diff is None, f"{clause}: {diff}"
 
 
+def _built(
+    drawn: list[dict[str, Any] | LargeMessage], spec: TransportSpec
+) -> list[dict[str, Any]]:
+    limit = spec.capabilities.max_message_bytes
+    return [m.build(limit, n=i) if isinstance(m, LargeMessage) else m
+            for i, m in enumerate(drawn)]
+
+
 @pytest.mark.clause("MSG-1")
 @profiles.suite_settings()
 @given(
-    forward=st.lists(messages(), min_size=1, max_size=4),
-    backward=st.lists(messages(), max_size=3),
+    forward=st.lists(sized_messages(), min_size=1, max_size=4),
+    backward=st.lists(sized_messages(), max_size=3),
 )
+@example(forward=[LargeMessage(LARGE_MESSAGE_BYTES), {"after": "large"}],
+         backward=[LargeMessage(LARGE_MESSAGE_BYTES)])
 def test_messages_arrive_equal(
     zmq_transport_spec: TransportSpec,
-    forward: list[dict[str, Any]],
-    backward: list[dict[str, Any]],
+    forward: list[dict[str, Any] | LargeMessage],
+    backward: list[dict[str, Any] | LargeMessage],
 ) -> None:
-    """Both directions of a connection: a's outbound and b's inbound one."""
+    """Both directions of a connection: a's outbound and b's inbound one.
+
+    Large messages (up to 1 MiB) are built here, bounded by a declared limit.
+    """
+    there, back = _built(forward, zmq_transport_spec), _built(backward, zmq_transport_spec)
     with Cluster(zmq_transport_spec) as cluster:
         a, b = cluster.add_node("a"), cluster.add_node("b")
         out, inbound = handshake(a, b)
-        for msg in forward:
+        for msg in there:
             out.send(msg)
-        _assert_same(forward, receive(inbound, len(forward), nodes=[a]), "MSG-1")
-        for msg in backward:
+        _assert_same(there, receive(inbound, len(there), nodes=[a]), "MSG-1")
+        for msg in back:
             inbound.send(msg)
-        _assert_same(backward, receive(out, len(backward), nodes=[b]), "MSG-1")
+        _assert_same(back, receive(out, len(back), nodes=[b]), "MSG-1")
+
+
+def _actions() -> st.SearchStrategy[tuple[str, int, int]]:
+    """Schedule steps: ``("send", sender, burst)``, ``("poll", 0, 0)``, ``("recv", 0, 0)``
+    and, about one step in 16, ``("large", sender, encoded bytes)``."""
+    large = st.tuples(st.just("large"), st.integers(0, 1),
+                      large_messages().map(lambda m: m.size))
+    small = st.one_of(
+        st.tuples(st.just("send"), st.integers(0, 1), st.integers(1, 20)),
+        st.just(("poll", 0, 0)), st.just(("recv", 0, 0)),
+    )
+    return st.integers(1, 16).flatmap(lambda k: large if k == 1 else small)
 
 
 @pytest.mark.clause("MSG-2", "MSG-3")
 @profiles.suite_settings()
-@given(
-    schedule=st.lists(
-        st.one_of(st.tuples(st.just("send"), st.integers(0, 1), st.integers(1, 20)),
-                  st.just(("poll", 0, 0)), st.just(("recv", 0, 0))),
-        min_size=1, max_size=25,
-    )
-)
+@given(schedule=st.lists(_actions(), min_size=1, max_size=25))
+@example(schedule=[("send", 0, 2), ("large", 0, LARGE_MESSAGE_BYTES), ("send", 0, 2),
+                   ("large", 1, LARGE_MESSAGE_BYTES), ("send", 1, 1)])
 def test_in_order_exactly_once_and_recv_drains(
     zmq_transport_spec: TransportSpec, schedule: list[tuple[str, int, int]]
 ) -> None:
-    """Two senders interleave bursts; the receiver polls and drains at arbitrary points."""
+    """Two senders interleave bursts (small and large messages); the receiver polls
+    and drains at arbitrary points."""
+    limit = zmq_transport_spec.capabilities.max_message_bytes
     with Cluster(zmq_transport_spec) as cluster:
         b = cluster.add_node("b")
         senders = [cluster.add_node("s0"), cluster.add_node("s1")]
@@ -97,6 +135,10 @@ def test_in_order_exactly_once_and_recv_drains(
                 for _ in range(burst):
                     outs[who].send({"seq": len(seqs)})
                     seqs.append(len(seqs))
+            elif action == "large":
+                seqs = sent[senders[who].local_id]
+                outs[who].send(LargeMessage(burst).build(limit, seq=len(seqs)))
+                seqs.append(len(seqs))
             elif action == "poll":
                 b.poll()
             else:
