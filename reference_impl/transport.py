@@ -4,7 +4,9 @@ Shape (the one DESIGN.md describes, shared by real transports in the field):
 
 - one ROUTER bound on ``host:port`` receives everything addressed to this node;
 - one DEALER per peer sends; its routing identity is this node's
-  ``local_id``, so the remote ROUTER knows who is talking;
+  ``local_id`` plus an incarnation tag (``"host:port#<nonce>.<serial>"``,
+  see :func:`parse_routing_id`), so the remote ROUTER knows who is talking
+  *and* tells each DEALER of that peer apart;
 - a socket monitor per DEALER turns TCP disconnects (including heartbeat
   expiry) into ``alive = False``;
 - ZMTP heartbeats on every socket; MessagePack (msgspec) on the wire.
@@ -14,6 +16,20 @@ messages arriving from peer ``P`` are delivered to the node's registered
 connection for ``P``. An inbound connection opens its own DEALER back to the
 peer at once, so both directions are heartbeated and both sides notice a
 partition.
+
+Why the tag: libzmq's ROUTER keys its routing table by identity. With one
+identity per peer, a DEALER closed during a fast reconnect could finish its
+handshake after its replacement, and ROUTER_HANDOVER then gave the identity
+to the dying connection; the replacement's pipe was renamed to an anonymous
+id and every message on it was lost (CONN-7 under flapping). With a distinct
+identity per DEALER incarnation there is nothing to hand over: each DEALER
+has its own pipe at the ROUTER, and the receiver maps every incarnation of a
+peer back to its ``"host:port"``. Because a node holds at most one live
+DEALER per peer, an incarnation older than one already heard from is dead;
+its late messages are dropped (counted as ``dropped_stale``), so a peer's
+messages never arrive out of order across a reconnect. Plain ``"host:port"``
+identities (other implementations, raw peers) are still accepted, and
+ROUTER_HANDOVER stays on for them and for a DEALER that reconnects itself.
 
 Everything happens inside the caller's :meth:`ZmqTransport.poll`; the
 transport starts no Python threads. Each transport owns its own
@@ -26,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 from collections import Counter, deque
 from typing import Any, ClassVar, Final
 
@@ -44,7 +61,7 @@ from reference_impl.interface import (
     TransportError,
 )
 
-__all__ = ["ZmqConnection", "ZmqTransport", "parse_peer_id"]
+__all__ = ["ZmqConnection", "ZmqTransport", "parse_peer_id", "parse_routing_id"]
 
 _log = logging.getLogger("reference_impl")
 
@@ -67,6 +84,18 @@ DEFAULT_POLL_BATCH: Final = 10_000
 _MONITOR_EVENTS: Final = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 _TTL_LIMIT_MS: Final = 6_553_500  # ZMQ_HEARTBEAT_TTL is carried in deciseconds (16 bits)
 
+#: Between a node's ``"host:port"`` and its DEALER's incarnation tag.
+INCARNATION_SEPARATOR: Final = "#"
+#: Hex digits of the per-transport nonce in the incarnation tag.
+_NONCE_HEX: Final = 12
+#: libzmq's limit on a routing identity.
+_MAX_ROUTING_ID_BYTES: Final = 255
+#: Longest incarnation tag appended to ``local_id`` ("#" + nonce + "." + serial).
+_TAG_RESERVE: Final = 1 + _NONCE_HEX + 1 + 20
+#: Parsed routing identities kept by raw bytes; cleared when full, so a peer
+#: cycling through identities cannot grow it without bound.
+_ORIGIN_CACHE_SIZE: Final = 4096
+
 #: Monitor endpoints must never be reused: libzmq releases an inproc address
 #: asynchronously, so a name derived from the peer (or from a file descriptor
 #: number) collides on a fast reconnect (CONN-7). A process-wide counter does not.
@@ -88,6 +117,39 @@ def parse_peer_id(peer_id: str) -> tuple[str, int]:
     return host, port
 
 
+def parse_routing_id(identity: bytes) -> tuple[str, str, int]:
+    """Split a routing identity into ``(peer_id, nonce, serial)``; ``ValueError`` otherwise.
+
+    Two forms are accepted, both UTF-8:
+
+    - ``"host:port"`` (other implementations of the shape, raw peers):
+      ``nonce`` is ``""`` and ``serial`` is 0;
+    - ``"host:port#<nonce>.<serial>"`` (this transport's DEALERs): ``nonce``
+      is 12 lowercase hex digits drawn once per transport, ``serial`` the
+      DEALER's number within that transport, counted from 1.
+
+    ``peer_id`` always passes :func:`parse_peer_id`.
+    """
+    text = identity.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    host, sep, port_text = text.rpartition(":")
+    if sep and host and port_text.isdigit():
+        parse_peer_id(text)
+        return text, "", 0
+    peer_id, sep, tag = text.rpartition(INCARNATION_SEPARATOR)
+    nonce, dot, serial_text = tag.partition(".")
+    if (
+        not sep
+        or not dot
+        or len(nonce) != _NONCE_HEX
+        or nonce.strip("0123456789abcdef")
+        or not (serial_text.isascii() and serial_text.isdigit())
+        or serial_text.startswith("0")
+    ):
+        raise ValueError(f"routing id {identity[:64]!r} is not host:port")
+    parse_peer_id(peer_id)
+    return peer_id, nonce, int(serial_text)
+
+
 class ZmqConnection(ControlConnection):
     """A connection to one peer: a DEALER to send, an inbox the ROUTER fills.
 
@@ -103,6 +165,10 @@ class ZmqConnection(ControlConnection):
         self._alive = True
         self._released = False
         self._inbox: deque[Message] = deque()
+        #: The newest incarnation of the peer's DEALER heard from, as
+        #: (nonce, serial); ("", 0) until a tagged message arrives.
+        self._origin_nonce = ""
+        self._origin_serial = 0
         self._dealer, self._monitor = transport._open_dealer(peer_id)
 
     # -- the interface ----------------------------------------------------
@@ -242,6 +308,11 @@ class ZmqTransport(ControlTransport):
         poll_batch: int = DEFAULT_POLL_BATCH,
     ) -> None:
         parse_peer_id(local_id)
+        if len(local_id.encode()) + _TAG_RESERVE > _MAX_ROUTING_ID_BYTES:
+            raise ValueError(
+                f"local_id must be at most {_MAX_ROUTING_ID_BYTES - _TAG_RESERVE} bytes "
+                "(it is the routing identity, plus an incarnation tag)"
+            )
         _require_positive(
             heartbeat_ivl_ms=heartbeat_ivl_ms,
             heartbeat_timeout_ms=heartbeat_timeout_ms,
@@ -268,7 +339,9 @@ class ZmqTransport(ControlTransport):
         self.handshake_ivl_ms = handshake_ivl_ms
         self.poll_batch = poll_batch
 
-        self._identity = local_id.encode()
+        self._nonce = secrets.token_hex(_NONCE_HEX // 2)
+        self._dealer_serial = itertools.count(1)
+        self._origins: dict[bytes, tuple[str, str, int]] = {}
         self._encoder = msgspec.msgpack.Encoder()
         # Messages are maps with string keys (``Message``); anything else is
         # rejected by the decoder itself, before the caller can see it.
@@ -386,12 +459,17 @@ class ZmqTransport(ControlTransport):
             self._drop("dropped_frames", f"{len(frames)} frames instead of 2")
             return
         identity, payload = frames
-        try:
-            peer_id = identity.decode("utf-8")
-            parse_peer_id(peer_id)
-        except ValueError:  # UnicodeDecodeError is a ValueError
-            self._drop("dropped_identity", f"routing id {identity[:64]!r} is not host:port")
-            return
+        origin = self._origins.get(identity)
+        if origin is None:
+            try:
+                origin = parse_routing_id(identity)
+            except ValueError:
+                self._drop("dropped_identity", f"routing id {identity[:64]!r} is not host:port")
+                return
+            if len(self._origins) >= _ORIGIN_CACHE_SIZE:
+                self._origins.clear()
+            self._origins[identity] = origin
+        peer_id, nonce, serial = origin
         if len(payload) > self.max_message_bytes:
             self._drop("dropped_oversize", f"{len(payload)} bytes from {peer_id}")
             return
@@ -416,6 +494,12 @@ class ZmqTransport(ControlTransport):
             self._connections[peer_id] = conn
             self._stats["accepted"] += 1
             new.append(conn)
+        if (serial != conn._origin_serial or nonce != conn._origin_nonce) and _is_stale(
+            conn, nonce, serial
+        ):
+            self._stats["dropped_stale"] += 1
+            _log.debug("dropped a late message from a retired DEALER of %s", peer_id)
+            return
         conn._deliver(msg)
         self._stats["delivered"] += 1
 
@@ -454,7 +538,7 @@ class ZmqTransport(ControlTransport):
         monitor: zmq.Socket[bytes] | None = None
         try:
             self._apply_common_options(dealer)
-            dealer.setsockopt(zmq.ROUTING_ID, self._identity)
+            dealer.setsockopt(zmq.ROUTING_ID, self._routing_id())
             dealer.setsockopt(zmq.SNDHWM, self.send_hwm)
             dealer.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
             dealer.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
@@ -466,6 +550,11 @@ class ZmqTransport(ControlTransport):
             dealer.close(linger=0)
             raise
         return dealer, monitor
+
+    def _routing_id(self) -> bytes:
+        """The routing identity of a new DEALER: ``local_id`` plus a fresh incarnation tag."""
+        serial = next(self._dealer_serial)
+        return f"{self.local_id}{INCARNATION_SEPARATOR}{self._nonce}.{serial}".encode()
 
     def _attach_monitor(self, dealer: zmq.Socket[bytes], peer_id: str) -> zmq.Socket[bytes]:
         """Start ``dealer``'s monitor and return the connected PAIR that reads it.
@@ -505,6 +594,24 @@ class ZmqTransport(ControlTransport):
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError(f"transport {self.local_id} is closed")
+
+
+def _is_stale(conn: ZmqConnection, nonce: str, serial: int) -> bool:
+    """Whether a message from DEALER ``(nonce, serial)`` comes from a retired incarnation.
+
+    A node holds at most one live DEALER per peer and numbers them upwards,
+    so once ``conn`` has heard from serial ``n`` of a nonce, serials below
+    ``n`` of that nonce are closed DEALERs. Otherwise the incarnation becomes
+    the newest one: a higher serial, a new nonce (the peer's transport was
+    rebuilt; nonces are not ordered, so the latest heard wins), or a plain
+    ``"host:port"`` (untracked).
+    """
+    if not serial:
+        return False
+    if nonce == conn._origin_nonce and serial < conn._origin_serial:
+        return True
+    conn._origin_nonce, conn._origin_serial = nonce, serial
+    return False
 
 
 def _bracket(host: str) -> str:
