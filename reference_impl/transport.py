@@ -44,10 +44,12 @@ import itertools
 import logging
 import secrets
 from collections import Counter, deque
-from typing import Any, ClassVar, Final
+from collections.abc import Callable
+from typing import Any, ClassVar, Final, cast
 
 import msgspec
 import zmq
+from zmq.backend import Socket as _RawSocket
 from zmq.utils.monitor import parse_monitor_message
 
 from reference_impl.interface import (
@@ -92,6 +94,22 @@ _NONCE_HEX: Final = 12
 _MAX_ROUTING_ID_BYTES: Final = 255
 #: Longest incarnation tag appended to ``local_id`` ("#" + nonce + "." + serial).
 _TAG_RESERVE: Final = 1 + _NONCE_HEX + 1 + 20
+#: The hot paths call pyzmq's compiled socket methods directly, with plain-int
+#: flags: the Python layer of ``zmq.Socket`` (``recv_multipart``, ``send``'s
+#: keyword handling, enum conversions) costs more than the libzmq call itself
+#: for a 64-byte message.
+_raw_send = cast(Callable[["zmq.Socket[bytes]", bytes, int, bool], Any], _RawSocket.send)
+_raw_recv = cast(Callable[["zmq.Socket[bytes]", int], bytes], _RawSocket.recv)
+_raw_get = cast(Callable[["zmq.Socket[bytes]", int], int], _RawSocket.get)
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_RCVMORE: Final = int(zmq.RCVMORE)
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)
+#: Payloads at least this large are handed to libzmq without a copy.
+_ZERO_COPY_BYTES: Final = 65536
+#: ``map(isinstance, keys, _STR)`` checks every key without a Python-level loop.
+_STR: Final = itertools.repeat(str)
+
 #: Parsed routing identities kept by raw bytes; cleared when full, so a peer
 #: cycling through identities cannot grow it without bound.
 _ORIGIN_CACHE_SIZE: Final = 4096
@@ -191,12 +209,12 @@ class ZmqConnection(ControlConnection):
             SendQueueFullError: ``send_hwm`` messages are already queued
                 towards a peer that is not reading; nothing was queued.
         """
-        if not self.alive:
+        if self._released or not self._alive:
             state = "closed" if self._released else "dead"
             raise ConnectionDeadError(f"send() on {state} connection to {self._peer_id}")
         payload = self._transport._encode(msg)
         try:
-            self._dealer.send(payload, zmq.NOBLOCK, copy=len(payload) < 65536)
+            _raw_send(self._dealer, payload, _NOBLOCK, len(payload) < _ZERO_COPY_BYTES)
         except zmq.Again:
             raise SendQueueFullError(
                 f"send queue to {self._peer_id} is full ({self._transport.send_hwm} messages); "
@@ -226,12 +244,11 @@ class ZmqConnection(ControlConnection):
         """Read pending monitor events; a disconnect means the peer is gone."""
         if self._released:
             return
-        while True:
-            try:
-                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(frames)["event"]
+        monitor = self._monitor
+        # Asking for ZMQ_EVENTS is far cheaper than a failed non-blocking
+        # receive, which raises; poll() does this for every connection.
+        while _raw_get(monitor, _EVENTS) & _POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart(_NOBLOCK))["event"]
             if event == zmq.EVENT_DISCONNECTED and self._alive:
                 _log.info("connection to %s lost", self._peer_id)
                 self._alive = False
@@ -347,7 +364,9 @@ class ZmqTransport(ControlTransport):
         # rejected by the decoder itself, before the caller can see it.
         self._decoder = msgspec.msgpack.Decoder(dict[str, Any])
         self._connections: dict[str, ZmqConnection] = {}
-        self._stats: Counter[str] = Counter()
+        self._stats: Counter[str] = Counter()  # drops, by reason
+        self._accepted = 0
+        self._delivered = 0
         self._closed = False
 
         self._ctx = zmq.Context(io_threads=1)
@@ -399,18 +418,34 @@ class ZmqTransport(ControlTransport):
         opens a new connection instead of vanishing into the dead one (POLL-2).
         """
         self._check_open()
-        for conn in list(self._connections.values()):
+        dead: list[ZmqConnection] = []
+        for conn in self._connections.values():
             conn._drain_monitor()
-        for conn in [c for c in self._connections.values() if not c.alive]:
+            if not conn.alive:
+                dead.append(conn)
+        for conn in dead:
             self._retire(conn)
 
         new: list[ZmqConnection] = []
+        router = self._router
+        route = self._route
         for _ in range(self.poll_batch):
             try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=True)
+                first = _raw_recv(router, _NOBLOCK)
             except zmq.Again:
                 break
-            self._route(frames, new)
+            # A multipart message is delivered whole: later frames never block.
+            if not _raw_get(router, _RCVMORE):
+                route([first], new)
+                continue
+            second = _raw_recv(router, _NOBLOCK)
+            if not _raw_get(router, _RCVMORE):
+                route([first, second], new)
+                continue
+            frames = [first, second]
+            while _raw_get(router, _RCVMORE):
+                frames.append(_raw_recv(router, _NOBLOCK))
+            route(frames, new)
         return new
 
     def close(self) -> None:
@@ -436,7 +471,12 @@ class ZmqTransport(ControlTransport):
         keys), ``dropped_oversize``,
         ``accepted`` (inbound connections opened), ``delivered`` (messages).
         """
-        return dict(self._stats)
+        counts = dict(self._stats)
+        if self._accepted:
+            counts["accepted"] = self._accepted
+        if self._delivered:
+            counts["delivered"] = self._delivered
+        return counts
 
     @property
     def closed(self) -> bool:
@@ -492,7 +532,7 @@ class ZmqTransport(ControlTransport):
                 self._drop("dropped_identity", f"cannot connect back to {peer_id}: {exc}")
                 return
             self._connections[peer_id] = conn
-            self._stats["accepted"] += 1
+            self._accepted += 1
             new.append(conn)
         if (serial != conn._origin_serial or nonce != conn._origin_nonce) and _is_stale(
             conn, nonce, serial
@@ -500,8 +540,8 @@ class ZmqTransport(ControlTransport):
             self._stats["dropped_stale"] += 1
             _log.debug("dropped a late message from a retired DEALER of %s", peer_id)
             return
-        conn._deliver(msg)
-        self._stats["delivered"] += 1
+        conn._inbox.append(msg)  # conn._deliver(msg), without the call
+        self._delivered += 1
 
     def _drop(self, reason: str, detail: str) -> None:
         count = self._stats[reason] + 1
@@ -514,7 +554,7 @@ class ZmqTransport(ControlTransport):
     def _encode(self, msg: Message) -> bytes:
         if not isinstance(msg, dict):
             raise TypeError(f"a message must be a dict, not {type(msg).__name__}")
-        if not all(isinstance(key, str) for key in msg):
+        if not all(map(isinstance, msg, _STR)):
             raise TypeError("a message's keys must be strings")
         try:
             payload = self._encoder.encode(msg)
