@@ -428,6 +428,10 @@ class ZmqTransport(ControlTransport):
 
         new: list[ZmqConnection] = []
         router = self._router
+        # Idle fast path: ZMQ_EVENTS answers "nothing to read" without the
+        # exception a failed non-blocking receive raises.
+        if not _raw_get(router, _EVENTS) & _POLLIN:
+            return new
         route = self._route
         for _ in range(self.poll_batch):
             try:

@@ -352,6 +352,8 @@ class _DelayFirstRelay:
         self.port = int(self._listener.getsockname()[1])
         self._sockets: list[socket.socket] = [self._listener]
         self._threads: list[threading.Thread] = []
+        #: Everything the first client sent so far (read, maybe not yet forwarded).
+        self.first_client_bytes = bytearray()
         self._spawn(self._accept)
 
     def _spawn(self, target: Callable[..., None], *args: object) -> None:
@@ -380,7 +382,7 @@ class _DelayFirstRelay:
         """
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
         if delay:
-            self._spawn(self._read, src, chunks)
+            self._spawn(self._read, src, chunks, None, self.first_client_bytes)
         else:
             self._read(src, chunks, dst)
             return
@@ -406,6 +408,7 @@ class _DelayFirstRelay:
         src: socket.socket,
         chunks: queue.SimpleQueue[tuple[float, bytes]],
         dst: socket.socket | None = None,
+        record: bytearray | None = None,
     ) -> None:
         """Read ``src`` to its end; forward to ``dst`` at once, or queue with a timestamp."""
         try:
@@ -414,6 +417,8 @@ class _DelayFirstRelay:
                     dst.sendall(chunk)
                 else:
                     chunks.put((time.monotonic(), chunk))
+                if record is not None:
+                    record += chunk
             if dst is not None:
                 dst.shutdown(socket.SHUT_WR)
         except OSError:
@@ -456,7 +461,9 @@ def test_replaced_dealer_finishing_its_handshake_last_takes_nothing_over() -> No
         via_relay = f"127.0.0.1:{relay.port}"
         first = a.connect(via_relay)
         first.send({"from": "first"})
-        poll_for(0.05)  # its greeting, READY and message are now held by the relay
+        # Its READY and its message (sent once a's side of the handshake is
+        # done) are now held by the relay.
+        _poll_until(lambda: b"first" in relay.first_client_bytes, [a])
         first.mark_dead()
         second = a.connect(via_relay)  # retires ``first``
         second.send({"from": "second", "n": 0})
