@@ -274,9 +274,10 @@ class ZmqTransport(ControlTransport):
     """The reference transport. See the module docstring for the shape.
 
     Args:
-        local_id: ``"host:port"`` by which other nodes reach this node (used
-            as this node's DEALER routing identity). May differ from the bind
-            address, e.g. with a proxy in between.
+        local_id: ``"host:port"`` by which other nodes reach this node; with
+            an incarnation tag it is the routing identity of this node's
+            DEALERs, so it may take at most 221 bytes. May differ from the
+            bind address, e.g. with a proxy in between.
         host, port: where the ROUTER binds.
         heartbeat_ivl_ms: ZMTP PING interval on every socket.
         heartbeat_timeout_ms: silence after a PING that kills a connection.
@@ -293,6 +294,8 @@ class ZmqTransport(ControlTransport):
         poll_batch: most messages one ``poll()`` routes.
 
     Raises:
+        ValueError: an option is out of range, or ``local_id`` is not
+            ``"host:port"`` or too long.
         zmq.ZMQError: binding ``host:port`` failed (e.g. ``EADDRINUSE``); the
             half-built transport is released first.
     """
@@ -472,7 +475,8 @@ class ZmqTransport(ControlTransport):
         Keys: ``dropped_frames`` (not exactly identity + payload),
         ``dropped_identity`` (routing id not UTF-8 ``host:port``),
         ``dropped_undecodable``, ``dropped_not_dict`` (not a map with string
-        keys), ``dropped_oversize``,
+        keys), ``dropped_oversize``, ``dropped_stale`` (a late message from a
+        DEALER of the peer older than one already heard from),
         ``accepted`` (inbound connections opened), ``delivered`` (messages).
         """
         counts = dict(self._stats)

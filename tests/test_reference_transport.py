@@ -235,6 +235,12 @@ def test_bad_options_name_the_option(option: str, value: int) -> None:
         ZmqTransport("127.0.0.1:1", "127.0.0.1", 0, **{option: value})
 
 
+def test_local_id_too_long_for_a_tagged_identity_names_the_option() -> None:
+    ZmqTransport("h" * 215 + ":5555", "127.0.0.1", 0).close()  # 220 bytes: fits
+    with pytest.raises(ValueError, match="local_id"):
+        ZmqTransport("h" * 220 + ":5555", "127.0.0.1", 0)
+
+
 @pytest.mark.parametrize("bad", ["", "nohost", "host:", ":80", "h:0", "h:70000", "h:x1"])
 def test_parse_peer_id_rejects(bad: str) -> None:
     with pytest.raises(ValueError):
