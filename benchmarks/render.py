@@ -51,6 +51,12 @@ def _transport(t: dict[str, Any]) -> list[str]:
         f"| 64 B, 8 peers fan-in | {_spread(fan['reference']['msgs_per_s'])} | "
         f"{_spread(fan['baseline']['msgs_per_s'])} | | | {fan['ratio']:.2f} |"
     )
+    for label, row in t.get("burst", {}).items():
+        out.append(
+            f"| {label}, burst of 500 then poll (one process) | "
+            f"{_spread(row['reference']['msgs_per_s'])} | "
+            f"{_spread(row['baseline']['msgs_per_s'])} | | | {row['ratio']:.2f} |"
+        )
     lat = t["latency"]
     out += [
         "",

@@ -9,6 +9,14 @@ The model: every node binds one address and is known to the others by a
 :class:`ControlConnection` to a peer with :meth:`ControlTransport.connect`
 and learns of inbound ones from :meth:`ControlTransport.poll`. All I/O is
 driven by the caller's ``poll()``; calls are never concurrent.
+
+On the wire, the sender's DEALER presents a routing identity from which the
+receiving ROUTER recovers the sender's ``local_id``: either the plain
+``"host:port"`` or ``"host:port#<nonce>.<serial>"``, where the tag names one
+DEALER incarnation (the reference uses the tagged form, so two DEALERs of one
+node never share an identity and a ROUTER never hands one's identity to the
+other). ``peer_id`` is always the ``"host:port"`` part; anything else is not
+a peer and is dropped (POLL-3).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Shape (the one DESIGN.md describes, shared by real transports in the field):
 
 - one ROUTER bound on ``host:port`` receives everything addressed to this node;
 - one DEALER per peer sends; its routing identity is this node's
-  ``local_id``, so the remote ROUTER knows who is talking;
+  ``local_id`` plus an incarnation tag (``"host:port#<nonce>.<serial>"``,
+  see :func:`parse_routing_id`), so the remote ROUTER knows who is talking
+  *and* tells each DEALER of that peer apart;
 - a socket monitor per DEALER turns TCP disconnects (including heartbeat
   expiry) into ``alive = False``;
 - ZMTP heartbeats on every socket; MessagePack (msgspec) on the wire.
@@ -14,6 +16,20 @@ messages arriving from peer ``P`` are delivered to the node's registered
 connection for ``P``. An inbound connection opens its own DEALER back to the
 peer at once, so both directions are heartbeated and both sides notice a
 partition.
+
+Why the tag: libzmq's ROUTER keys its routing table by identity. With one
+identity per peer, a DEALER closed during a fast reconnect could finish its
+handshake after its replacement, and ROUTER_HANDOVER then gave the identity
+to the dying connection; the replacement's pipe was renamed to an anonymous
+id and every message on it was lost (CONN-7 under flapping). With a distinct
+identity per DEALER incarnation there is nothing to hand over: each DEALER
+has its own pipe at the ROUTER, and the receiver maps every incarnation of a
+peer back to its ``"host:port"``. Because a node holds at most one live
+DEALER per peer, an incarnation older than one already heard from is dead;
+its late messages are dropped (counted as ``dropped_stale``), so a peer's
+messages never arrive out of order across a reconnect. Plain ``"host:port"``
+identities (other implementations, raw peers) are still accepted, and
+ROUTER_HANDOVER stays on for them and for a DEALER that reconnects itself.
 
 Everything happens inside the caller's :meth:`ZmqTransport.poll`; the
 transport starts no Python threads. Each transport owns its own
@@ -26,11 +42,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 from collections import Counter, deque
-from typing import Any, ClassVar, Final
+from collections.abc import Callable
+from typing import Any, ClassVar, Final, cast
 
 import msgspec
 import zmq
+from zmq.backend import Socket as _RawSocket
 from zmq.utils.monitor import parse_monitor_message
 
 from reference_impl.interface import (
@@ -44,7 +63,7 @@ from reference_impl.interface import (
     TransportError,
 )
 
-__all__ = ["ZmqConnection", "ZmqTransport", "parse_peer_id"]
+__all__ = ["ZmqConnection", "ZmqTransport", "parse_peer_id", "parse_routing_id"]
 
 _log = logging.getLogger("reference_impl")
 
@@ -67,6 +86,34 @@ DEFAULT_POLL_BATCH: Final = 10_000
 _MONITOR_EVENTS: Final = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 _TTL_LIMIT_MS: Final = 6_553_500  # ZMQ_HEARTBEAT_TTL is carried in deciseconds (16 bits)
 
+#: Between a node's ``"host:port"`` and its DEALER's incarnation tag.
+INCARNATION_SEPARATOR: Final = "#"
+#: Hex digits of the per-transport nonce in the incarnation tag.
+_NONCE_HEX: Final = 12
+#: libzmq's limit on a routing identity.
+_MAX_ROUTING_ID_BYTES: Final = 255
+#: Longest incarnation tag appended to ``local_id`` ("#" + nonce + "." + serial).
+_TAG_RESERVE: Final = 1 + _NONCE_HEX + 1 + 20
+#: The hot paths call pyzmq's compiled socket methods directly, with plain-int
+#: flags: the Python layer of ``zmq.Socket`` (``recv_multipart``, ``send``'s
+#: keyword handling, enum conversions) costs more than the libzmq call itself
+#: for a 64-byte message.
+_raw_send = cast(Callable[["zmq.Socket[bytes]", bytes, int, bool], Any], _RawSocket.send)
+_raw_recv = cast(Callable[["zmq.Socket[bytes]", int], bytes], _RawSocket.recv)
+_raw_get = cast(Callable[["zmq.Socket[bytes]", int], int], _RawSocket.get)
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_RCVMORE: Final = int(zmq.RCVMORE)
+_EVENTS: Final = int(zmq.EVENTS)
+_POLLIN: Final = int(zmq.POLLIN)
+#: Payloads at least this large are handed to libzmq without a copy.
+_ZERO_COPY_BYTES: Final = 65536
+#: ``map(isinstance, keys, _STR)`` checks every key without a Python-level loop.
+_STR: Final = itertools.repeat(str)
+
+#: Parsed routing identities kept by raw bytes; cleared when full, so a peer
+#: cycling through identities cannot grow it without bound.
+_ORIGIN_CACHE_SIZE: Final = 4096
+
 #: Monitor endpoints must never be reused: libzmq releases an inproc address
 #: asynchronously, so a name derived from the peer (or from a file descriptor
 #: number) collides on a fast reconnect (CONN-7). A process-wide counter does not.
@@ -88,6 +135,39 @@ def parse_peer_id(peer_id: str) -> tuple[str, int]:
     return host, port
 
 
+def parse_routing_id(identity: bytes) -> tuple[str, str, int]:
+    """Split a routing identity into ``(peer_id, nonce, serial)``; ``ValueError`` otherwise.
+
+    Two forms are accepted, both UTF-8:
+
+    - ``"host:port"`` (other implementations of the shape, raw peers):
+      ``nonce`` is ``""`` and ``serial`` is 0;
+    - ``"host:port#<nonce>.<serial>"`` (this transport's DEALERs): ``nonce``
+      is 12 lowercase hex digits drawn once per transport, ``serial`` the
+      DEALER's number within that transport, counted from 1.
+
+    ``peer_id`` always passes :func:`parse_peer_id`.
+    """
+    text = identity.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    host, sep, port_text = text.rpartition(":")
+    if sep and host and port_text.isdigit():
+        parse_peer_id(text)
+        return text, "", 0
+    peer_id, sep, tag = text.rpartition(INCARNATION_SEPARATOR)
+    nonce, dot, serial_text = tag.partition(".")
+    if (
+        not sep
+        or not dot
+        or len(nonce) != _NONCE_HEX
+        or nonce.strip("0123456789abcdef")
+        or not (serial_text.isascii() and serial_text.isdigit())
+        or serial_text.startswith("0")
+    ):
+        raise ValueError(f"routing id {identity[:64]!r} is not host:port")
+    parse_peer_id(peer_id)
+    return peer_id, nonce, int(serial_text)
+
+
 class ZmqConnection(ControlConnection):
     """A connection to one peer: a DEALER to send, an inbox the ROUTER fills.
 
@@ -103,6 +183,10 @@ class ZmqConnection(ControlConnection):
         self._alive = True
         self._released = False
         self._inbox: deque[Message] = deque()
+        #: The newest incarnation of the peer's DEALER heard from, as
+        #: (nonce, serial); ("", 0) until a tagged message arrives.
+        self._origin_nonce = ""
+        self._origin_serial = 0
         self._dealer, self._monitor = transport._open_dealer(peer_id)
 
     # -- the interface ----------------------------------------------------
@@ -125,12 +209,12 @@ class ZmqConnection(ControlConnection):
             SendQueueFullError: ``send_hwm`` messages are already queued
                 towards a peer that is not reading; nothing was queued.
         """
-        if not self.alive:
+        if self._released or not self._alive:
             state = "closed" if self._released else "dead"
             raise ConnectionDeadError(f"send() on {state} connection to {self._peer_id}")
         payload = self._transport._encode(msg)
         try:
-            self._dealer.send(payload, zmq.NOBLOCK, copy=len(payload) < 65536)
+            _raw_send(self._dealer, payload, _NOBLOCK, len(payload) < _ZERO_COPY_BYTES)
         except zmq.Again:
             raise SendQueueFullError(
                 f"send queue to {self._peer_id} is full ({self._transport.send_hwm} messages); "
@@ -160,12 +244,11 @@ class ZmqConnection(ControlConnection):
         """Read pending monitor events; a disconnect means the peer is gone."""
         if self._released:
             return
-        while True:
-            try:
-                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(frames)["event"]
+        monitor = self._monitor
+        # Asking for ZMQ_EVENTS is far cheaper than a failed non-blocking
+        # receive, which raises; poll() does this for every connection.
+        while _raw_get(monitor, _EVENTS) & _POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart(_NOBLOCK))["event"]
             if event == zmq.EVENT_DISCONNECTED and self._alive:
                 _log.info("connection to %s lost", self._peer_id)
                 self._alive = False
@@ -191,9 +274,10 @@ class ZmqTransport(ControlTransport):
     """The reference transport. See the module docstring for the shape.
 
     Args:
-        local_id: ``"host:port"`` by which other nodes reach this node (used
-            as this node's DEALER routing identity). May differ from the bind
-            address, e.g. with a proxy in between.
+        local_id: ``"host:port"`` by which other nodes reach this node; with
+            an incarnation tag it is the routing identity of this node's
+            DEALERs, so it may take at most 221 bytes. May differ from the
+            bind address, e.g. with a proxy in between.
         host, port: where the ROUTER binds.
         heartbeat_ivl_ms: ZMTP PING interval on every socket.
         heartbeat_timeout_ms: silence after a PING that kills a connection.
@@ -210,6 +294,8 @@ class ZmqTransport(ControlTransport):
         poll_batch: most messages one ``poll()`` routes.
 
     Raises:
+        ValueError: an option is out of range, or ``local_id`` is not
+            ``"host:port"`` or too long.
         zmq.ZMQError: binding ``host:port`` failed (e.g. ``EADDRINUSE``); the
             half-built transport is released first.
     """
@@ -242,6 +328,11 @@ class ZmqTransport(ControlTransport):
         poll_batch: int = DEFAULT_POLL_BATCH,
     ) -> None:
         parse_peer_id(local_id)
+        if len(local_id.encode()) + _TAG_RESERVE > _MAX_ROUTING_ID_BYTES:
+            raise ValueError(
+                f"local_id must be at most {_MAX_ROUTING_ID_BYTES - _TAG_RESERVE} bytes "
+                "(it is the routing identity, plus an incarnation tag)"
+            )
         _require_positive(
             heartbeat_ivl_ms=heartbeat_ivl_ms,
             heartbeat_timeout_ms=heartbeat_timeout_ms,
@@ -268,13 +359,17 @@ class ZmqTransport(ControlTransport):
         self.handshake_ivl_ms = handshake_ivl_ms
         self.poll_batch = poll_batch
 
-        self._identity = local_id.encode()
+        self._nonce = secrets.token_hex(_NONCE_HEX // 2)
+        self._dealer_serial = itertools.count(1)
+        self._origins: dict[bytes, tuple[str, str, int]] = {}
         self._encoder = msgspec.msgpack.Encoder()
         # Messages are maps with string keys (``Message``); anything else is
         # rejected by the decoder itself, before the caller can see it.
         self._decoder = msgspec.msgpack.Decoder(dict[str, Any])
         self._connections: dict[str, ZmqConnection] = {}
-        self._stats: Counter[str] = Counter()
+        self._stats: Counter[str] = Counter()  # drops, by reason
+        self._accepted = 0
+        self._delivered = 0
         self._closed = False
 
         self._ctx = zmq.Context(io_threads=1)
@@ -326,18 +421,38 @@ class ZmqTransport(ControlTransport):
         opens a new connection instead of vanishing into the dead one (POLL-2).
         """
         self._check_open()
-        for conn in list(self._connections.values()):
+        dead: list[ZmqConnection] = []
+        for conn in self._connections.values():
             conn._drain_monitor()
-        for conn in [c for c in self._connections.values() if not c.alive]:
+            if not conn.alive:
+                dead.append(conn)
+        for conn in dead:
             self._retire(conn)
 
         new: list[ZmqConnection] = []
+        router = self._router
+        # Idle fast path: ZMQ_EVENTS answers "nothing to read" without the
+        # exception a failed non-blocking receive raises.
+        if not _raw_get(router, _EVENTS) & _POLLIN:
+            return new
+        route = self._route
         for _ in range(self.poll_batch):
             try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK, copy=True)
+                first = _raw_recv(router, _NOBLOCK)
             except zmq.Again:
                 break
-            self._route(frames, new)
+            # A multipart message is delivered whole: later frames never block.
+            if not _raw_get(router, _RCVMORE):
+                route([first], new)
+                continue
+            second = _raw_recv(router, _NOBLOCK)
+            if not _raw_get(router, _RCVMORE):
+                route([first, second], new)
+                continue
+            frames = [first, second]
+            while _raw_get(router, _RCVMORE):
+                frames.append(_raw_recv(router, _NOBLOCK))
+            route(frames, new)
         return new
 
     def close(self) -> None:
@@ -360,10 +475,16 @@ class ZmqTransport(ControlTransport):
         Keys: ``dropped_frames`` (not exactly identity + payload),
         ``dropped_identity`` (routing id not UTF-8 ``host:port``),
         ``dropped_undecodable``, ``dropped_not_dict`` (not a map with string
-        keys), ``dropped_oversize``,
+        keys), ``dropped_oversize``, ``dropped_stale`` (a late message from a
+        DEALER of the peer older than one already heard from),
         ``accepted`` (inbound connections opened), ``delivered`` (messages).
         """
-        return dict(self._stats)
+        counts = dict(self._stats)
+        if self._accepted:
+            counts["accepted"] = self._accepted
+        if self._delivered:
+            counts["delivered"] = self._delivered
+        return counts
 
     @property
     def closed(self) -> bool:
@@ -386,12 +507,17 @@ class ZmqTransport(ControlTransport):
             self._drop("dropped_frames", f"{len(frames)} frames instead of 2")
             return
         identity, payload = frames
-        try:
-            peer_id = identity.decode("utf-8")
-            parse_peer_id(peer_id)
-        except ValueError:  # UnicodeDecodeError is a ValueError
-            self._drop("dropped_identity", f"routing id {identity[:64]!r} is not host:port")
-            return
+        origin = self._origins.get(identity)
+        if origin is None:
+            try:
+                origin = parse_routing_id(identity)
+            except ValueError:
+                self._drop("dropped_identity", f"routing id {identity[:64]!r} is not host:port")
+                return
+            if len(self._origins) >= _ORIGIN_CACHE_SIZE:
+                self._origins.clear()
+            self._origins[identity] = origin
+        peer_id, nonce, serial = origin
         if len(payload) > self.max_message_bytes:
             self._drop("dropped_oversize", f"{len(payload)} bytes from {peer_id}")
             return
@@ -414,10 +540,16 @@ class ZmqTransport(ControlTransport):
                 self._drop("dropped_identity", f"cannot connect back to {peer_id}: {exc}")
                 return
             self._connections[peer_id] = conn
-            self._stats["accepted"] += 1
+            self._accepted += 1
             new.append(conn)
-        conn._deliver(msg)
-        self._stats["delivered"] += 1
+        if (serial != conn._origin_serial or nonce != conn._origin_nonce) and _is_stale(
+            conn, nonce, serial
+        ):
+            self._stats["dropped_stale"] += 1
+            _log.debug("dropped a late message from a retired DEALER of %s", peer_id)
+            return
+        conn._inbox.append(msg)  # conn._deliver(msg), without the call
+        self._delivered += 1
 
     def _drop(self, reason: str, detail: str) -> None:
         count = self._stats[reason] + 1
@@ -430,7 +562,7 @@ class ZmqTransport(ControlTransport):
     def _encode(self, msg: Message) -> bytes:
         if not isinstance(msg, dict):
             raise TypeError(f"a message must be a dict, not {type(msg).__name__}")
-        if not all(isinstance(key, str) for key in msg):
+        if not all(map(isinstance, msg, _STR)):
             raise TypeError("a message's keys must be strings")
         try:
             payload = self._encoder.encode(msg)
@@ -454,7 +586,7 @@ class ZmqTransport(ControlTransport):
         monitor: zmq.Socket[bytes] | None = None
         try:
             self._apply_common_options(dealer)
-            dealer.setsockopt(zmq.ROUTING_ID, self._identity)
+            dealer.setsockopt(zmq.ROUTING_ID, self._routing_id())
             dealer.setsockopt(zmq.SNDHWM, self.send_hwm)
             dealer.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
             dealer.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
@@ -466,6 +598,11 @@ class ZmqTransport(ControlTransport):
             dealer.close(linger=0)
             raise
         return dealer, monitor
+
+    def _routing_id(self) -> bytes:
+        """The routing identity of a new DEALER: ``local_id`` plus a fresh incarnation tag."""
+        serial = next(self._dealer_serial)
+        return f"{self.local_id}{INCARNATION_SEPARATOR}{self._nonce}.{serial}".encode()
 
     def _attach_monitor(self, dealer: zmq.Socket[bytes], peer_id: str) -> zmq.Socket[bytes]:
         """Start ``dealer``'s monitor and return the connected PAIR that reads it.
@@ -505,6 +642,24 @@ class ZmqTransport(ControlTransport):
     def _check_open(self) -> None:
         if self._closed:
             raise TransportError(f"transport {self.local_id} is closed")
+
+
+def _is_stale(conn: ZmqConnection, nonce: str, serial: int) -> bool:
+    """Whether a message from DEALER ``(nonce, serial)`` comes from a retired incarnation.
+
+    A node holds at most one live DEALER per peer and numbers them upwards,
+    so once ``conn`` has heard from serial ``n`` of a nonce, serials below
+    ``n`` of that nonce are closed DEALERs. Otherwise the incarnation becomes
+    the newest one: a higher serial, a new nonce (the peer's transport was
+    rebuilt; nonces are not ordered, so the latest heard wins), or a plain
+    ``"host:port"`` (untracked).
+    """
+    if not serial:
+        return False
+    if nonce == conn._origin_nonce and serial < conn._origin_serial:
+        return True
+    conn._origin_nonce, conn._origin_serial = nonce, serial
+    return False
 
 
 def _bracket(host: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference_impl.transport import ZmqConnection, ZmqTransport
+from reference_impl.transport import ZmqConnection, ZmqTransport, parse_routing_id
 
 __all__ = ["DropsFirstMessageAfterRestart"]
 
@@ -35,8 +35,8 @@ class DropsFirstMessageAfterRestart(ZmqTransport):
     def _route(self, frames: list[bytes], new: list[ZmqConnection]) -> None:
         if len(frames) == 2:
             try:
-                peer_id = frames[0].decode("utf-8")
-            except UnicodeDecodeError:
+                peer_id = parse_routing_id(frames[0])[0]  # the reference's tag split off
+            except ValueError:
                 peer_id = ""
             if peer_id in self._lost_peers:
                 self._lost_peers.discard(peer_id)

@@ -8,8 +8,11 @@ behaviour on a failed bind.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -26,7 +29,7 @@ from reference_impl import (
     ZmqConnection,
     ZmqTransport,
 )
-from reference_impl.transport import parse_peer_id
+from reference_impl.transport import parse_peer_id, parse_routing_id
 
 FAST = {"heartbeat_ivl_ms": 100, "heartbeat_timeout_ms": 500, "heartbeat_ttl_ms": 500}
 
@@ -232,6 +235,12 @@ def test_bad_options_name_the_option(option: str, value: int) -> None:
         ZmqTransport("127.0.0.1:1", "127.0.0.1", 0, **{option: value})
 
 
+def test_local_id_too_long_for_a_tagged_identity_names_the_option() -> None:
+    ZmqTransport("h" * 215 + ":5555", "127.0.0.1", 0).close()  # 220 bytes: fits
+    with pytest.raises(ValueError, match="local_id"):
+        ZmqTransport("h" * 220 + ":5555", "127.0.0.1", 0)
+
+
 @pytest.mark.parametrize("bad", ["", "nohost", "host:", ":80", "h:0", "h:70000", "h:x1"])
 def test_parse_peer_id_rejects(bad: str) -> None:
     with pytest.raises(ValueError):
@@ -276,3 +285,211 @@ def test_oversize_frame_from_a_raw_peer_is_dropped() -> None:
         ctx.destroy(linger=0)
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize(
+    ("identity", "expected"),
+    [
+        (b"127.0.0.1:5555", ("127.0.0.1:5555", "", 0)),
+        (b"[::1]:80", ("[::1]:80", "", 0)),
+        (b"127.0.0.1:5555#0123456789ab.7", ("127.0.0.1:5555", "0123456789ab", 7)),
+        (b"h#x:9", ("h#x:9", "", 0)),  # a plain host:port whose host holds '#'
+    ],
+)
+def test_parse_routing_id_accepts_plain_and_tagged(
+    identity: bytes, expected: tuple[str, str, int]
+) -> None:
+    assert parse_routing_id(identity) == expected
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"\x00abcd", b"\xff:1", b"nohost", b"127.0.0.1:5555#", b"127.0.0.1:5555#0123456789ab",
+     b"127.0.0.1:5555#0123456789ab.", b"127.0.0.1:5555#0123456789ab.0",
+     b"127.0.0.1:5555#0123456789ab.01", b"127.0.0.1:5555#0123456789AB.1",
+     b"127.0.0.1:5555#012345.1", b"127.0.0.1:99999#0123456789ab.1",
+     b"#0123456789ab.1", b"127.0.0.1:5555#0123456789ab.\xc2\xb2"],
+)
+def test_parse_routing_id_rejects(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_routing_id(bad)
+
+
+def test_each_dealer_presents_its_own_tagged_identity() -> None:
+    """Two DEALERs of one node towards one peer never share a routing identity."""
+    node = _node()
+    ctx = zmq.Context()
+    try:
+        router: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        seen: list[bytes] = []
+        for i in range(2):
+            conn = node.connect(f"127.0.0.1:{port}")
+            conn.send({"i": i})
+            _poll_until(lambda: router.poll(0) != 0, [node])
+            seen.append(router.recv_multipart()[0])
+            conn.close()
+        assert len(set(seen)) == 2, seen
+        for identity in seen:
+            assert parse_routing_id(identity)[0] == node.local_id
+    finally:
+        ctx.destroy(linger=0)
+        node.close()
+
+
+class _DelayFirstRelay:
+    """A TCP relay to ``upstream`` that holds back the first connection's handshake end.
+
+    The first accepted client's ZMTP greeting (64 bytes) passes at once, so
+    that client completes its side of the handshake and sends READY (and
+    any message); everything after the greeting reaches the upstream
+    ``delay`` seconds late. Replies and every later connection pass at once.
+    This orders two handshakes at the upstream ROUTER the way a loaded
+    machine occasionally does: the older connection's completes last.
+    """
+
+    GREETING_BYTES = 64
+
+    def __init__(self, upstream: int, delay: float) -> None:
+        self.delay = delay
+        self._upstream = upstream
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._sockets: list[socket.socket] = [self._listener]
+        self._threads: list[threading.Thread] = []
+        #: Everything the first client sent so far (read, maybe not yet forwarded).
+        self.first_client_bytes = bytearray()
+        self._spawn(self._accept)
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        first = True
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self._upstream))
+            self._sockets += [client, server]
+            self._spawn(self._pump, client, server, self.delay if first else 0.0)
+            self._spawn(self._pump, server, client, 0.0)
+            first = False
+
+    def _pump(self, src: socket.socket, dst: socket.socket, delay: float) -> None:
+        """Copy ``src`` to ``dst``; past the greeting, ``delay`` seconds after reading.
+
+        Reading never waits on the delay: what the client sent before it
+        closed (or reset) the connection is already read, so it still arrives.
+        """
+        chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+        if delay:
+            self._spawn(self._read, src, chunks, None, self.first_client_bytes)
+        else:
+            self._read(src, chunks, dst)
+            return
+        passed = 0
+        try:
+            while True:
+                read_at, chunk = chunks.get()
+                if not chunk:
+                    break
+                head = chunk[: max(0, self.GREETING_BYTES - passed)]
+                passed += len(chunk)
+                dst.sendall(head)
+                if len(head) == len(chunk):
+                    continue
+                time.sleep(max(0.0, read_at + delay - time.monotonic()))
+                dst.sendall(chunk[len(head) :])
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _read(
+        src: socket.socket,
+        chunks: queue.SimpleQueue[tuple[float, bytes]],
+        dst: socket.socket | None = None,
+        record: bytearray | None = None,
+    ) -> None:
+        """Read ``src`` to its end; forward to ``dst`` at once, or queue with a timestamp."""
+        try:
+            while chunk := src.recv(65536):
+                if dst is not None:
+                    dst.sendall(chunk)
+                else:
+                    chunks.put((time.monotonic(), chunk))
+                if record is not None:
+                    record += chunk
+            if dst is not None:
+                dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            chunks.put((time.monotonic(), b""))
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+def test_replaced_dealer_finishing_its_handshake_last_takes_nothing_over() -> None:
+    """CONN-7's rare race, made deterministic with a relay.
+
+    ``a``'s first DEALER is retired right after its handshake bytes left, and
+    a replacement connects at once; the relay delivers the retired DEALER's
+    handshake (and message) to ``b`` after the replacement's. With one
+    routing identity per node, ROUTER_HANDOVER gave the identity to the dead
+    connection and every message of the replacement was lost. Each DEALER
+    now has its own identity: the replacement's messages arrive, and the
+    retired DEALER's late message is dropped rather than delivered after them
+    (the relay makes it arrive after the replacement's first message).
+    """
+    a, b = _node(), _node()
+    relay = _DelayFirstRelay(b.port, delay=0.3)
+    accepted: list[ZmqConnection] = []
+    got: list[dict[str, object]] = []
+
+    def poll_for(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        _poll_until(lambda: time.monotonic() > until, [a])
+        accepted.extend(b.poll())
+
+    try:
+        via_relay = f"127.0.0.1:{relay.port}"
+        first = a.connect(via_relay)
+        first.send({"from": "first"})
+        # Its READY and its message (sent once a's side of the handshake is
+        # done) are now held by the relay.
+        _poll_until(lambda: b"first" in relay.first_client_bytes, [a])
+        first.mark_dead()
+        second = a.connect(via_relay)  # retires ``first``
+        second.send({"from": "second", "n": 0})
+        poll_for(relay.delay + 0.2)  # ``first``'s handshake has reached b by now
+        second.send({"from": "second", "n": 1})
+
+        def arrived() -> bool:
+            accepted.extend(b.poll())
+            for conn in accepted:
+                got.extend(conn.recv())
+            return {"from": "second", "n": 1} in got
+
+        _poll_until(arrived, [a])
+        assert [m for m in got if m.get("from") == "second"] == [
+            {"from": "second", "n": 0}, {"from": "second", "n": 1}
+        ], got
+        assert {"from": "first"} not in got, "a retired DEALER's late message was delivered"
+        assert b.stats().get("dropped_stale") == 1
+        assert [conn.peer_id for conn in accepted] == [a.local_id]
+    finally:
+        a.close()
+        b.close()
+        relay.close()

@@ -57,6 +57,7 @@ from reference_impl.interface import (
 from reference_impl.transport import (
     _MONITOR_EVENTS,
     DEFAULT_MAX_MESSAGE_BYTES,
+    INCARNATION_SEPARATOR,
     ZmqConnection,
     ZmqTransport,
 )
@@ -471,7 +472,9 @@ class TrustsColonInIdentity(ZmqTransport):
             except UnicodeDecodeError:
                 text = None
             if text is not None:
-                _host, port = text.rsplit(":", 1)  # MUTATION: ValueError without ':'
+                # The reference's incarnation tag is split off; the rest is trusted.
+                peer_id = text.partition(INCARNATION_SEPARATOR)[0]
+                _host, port = peer_id.rsplit(":", 1)  # MUTATION: ValueError without ':'
                 int(port)  # MUTATION: ValueError on a non-numeric port
         super()._route(frames, new)
 
@@ -890,10 +893,19 @@ class HandshakeIvlDefault(ZmqTransport):
 
 
 class NoRouterHandover(ZmqTransport):
-    """The ROUTER is bound without ZMQ_ROUTER_HANDOVER."""
+    """The ROUTER is bound without ZMQ_ROUTER_HANDOVER.
+
+    Its DEALERs present the plain ``local_id``, the common shape: the
+    reference tags each DEALER's identity, so a reconnect of its own never
+    needs a handover, but a peer of the plain shape (or a DEALER that
+    reconnects itself) does.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # The reference sets ROUTER_HANDOVER before bind(); unlike most options
         # it is read per connection, so clearing it here takes effect.
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 0)  # MUTATION
+
+    def _routing_id(self) -> bytes:
+        return self.local_id.encode()  # the plain shape's identity, reused by every DEALER
