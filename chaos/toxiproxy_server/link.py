@@ -15,9 +15,12 @@ processed (toxiproxy's unbuffered channels: the reader blocks with one
 chunk while the hidden noop toxic holds the next), or 1024 more when the
 first toxic is a latency toxic, whose input channel is buffered. Data that
 arrives meanwhile waits in the socket and is read later as a larger chunk.
-With no toxic and nothing pending, the reader writes a chunk itself rather
-than handing it to the writer task: one event-loop hop per direction, about
-what toxiproxy's goroutine hand-offs cost in added round trip.
+With no toxic, nothing pending and nothing unsent, the reader writes a chunk
+itself rather than handing it to the writer task: one event-loop hop per
+direction, about what toxiproxy's goroutine hand-offs cost in added round
+trip. When the destination is slower, chunks go through the writer task,
+so reading the next chunk overlaps waiting for the destination, as it
+does across toxiproxy's reader and writer goroutines.
 
 When either source reaches end of stream (after the toxics saw it: a
 ``slow_close`` toxic delays it) or any socket fails, the whole connection
@@ -41,6 +44,8 @@ from chaos.toxiproxy_server.toxics import CHANNEL_BUFFER, Emit, Stream, Toxic, T
 _log = logging.getLogger(__name__)
 
 _READ_SIZE = 32 * 1024
+#: Without toxics chunk sizes are not observable: larger reads cost less Python per byte.
+_BULK_READ_SIZE = 256 * 1024
 _CLOSE_GRACE_S = 2.0
 
 
@@ -124,14 +129,18 @@ class _Link:
         dest = self._dest
         try:
             while True:
-                data = await self._source.read(_READ_SIZE)
+                data = await self._source.read(_READ_SIZE if self._runs else _BULK_READ_SIZE)
                 if not data:
                     break
-                if self._writer_idle and not self._runs and not self._pending:
+                if (
+                    self._writer_idle
+                    and not self._runs
+                    and not self._pending
+                    and not dest.transport.get_write_buffer_size()
+                ):
                     if self._conn.closed:
                         break
-                    dest.write(data)
-                    await dest.drain()  # returns at once unless the peer is slow
+                    dest.write(data)  # sent at once; else the writer task drains it
                     continue
                 await self._put(_Chunk(data, loop.time()))
         except OSError:
