@@ -306,23 +306,28 @@ class ToxicRun:
         return bounds
 
     async def _sliced(self, data: bytes, attrs: Mapping[str, int], emit: Emit) -> None:
-        """Write each slice, then sleep ``delay`` us (after the last slice too).
+        """Write each slice, then wait ``delay`` us (after the last slice too).
 
-        The sleep is a real timer, as toxiproxy's ``time.After(delay)``: both
-        Go's runtime and asyncio wait for timers in ``epoll_wait``, whose
-        timeout is whole milliseconds rounded up, so when nothing else wakes
-        the process a 100 us delay lasts about 1.1 ms in both, and the
-        stream crosses at about one slice per millisecond. That is the real
-        cost of a slicer (toxiproxy 2.12.0 took 1,160 ms for a 25 KB exchange
-        through ``slicer(32, 24, 100)``); pacing the delays exactly would be
-        ten times faster than the server it stands in for. A delay of 0
-        still yields, so other traffic passes between slices.
+        The wait is a real timer, as toxiproxy's ``time.After(delay)``, started
+        when the slice is handed on (in toxiproxy the writer goroutine writes
+        it while the timer runs). Both Go's runtime and asyncio wait for
+        timers in ``epoll_wait``, whose timeout is whole milliseconds rounded
+        up, so when nothing else wakes the process a 100 us delay lasts about
+        1.1 ms in both and the stream crosses at about one slice per
+        millisecond; other traffic that wakes the process lets a due timer
+        fire sooner, in both. That is the real cost of a slicer (toxiproxy
+        2.12.0 took 1,160 ms for a 25 KB exchange through ``slicer(32, 24,
+        100)``); pacing the delays exactly would be ten times faster than the
+        server it stands in for. A delay of 0 still yields, so other traffic
+        passes between slices.
         """
         delay_s = attrs["delay"] / 1_000_000
+        loop = asyncio.get_running_loop()
         bounds = self.slice_bounds(len(data))
         for start, end in itertools.pairwise(bounds):
             if self._stopped:
                 await emit(data[start:])
                 return
+            due = loop.time() + delay_s
             await emit(data[start:end])
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(max(due - loop.time(), 0))
