@@ -12,9 +12,12 @@ Chunking follows toxiproxy's ``link.go``, since a slicer cuts each chunk on
 its own and its cost is per slice: reads are of at most 32 KiB (``io.Copy``'s
 buffer), and the reader runs at most one chunk ahead of the chunk being
 processed (toxiproxy's unbuffered channels: the reader blocks with one
-chunk while the hidden noop toxic holds the next), or 1024 more when the
-first toxic is a latency toxic, whose input channel is buffered. Data that
-arrives meanwhile waits in the socket and is read later as a larger chunk.
+chunk while the hidden noop toxic holds the next), or 1024 more when a
+latency toxic, whose input channel is buffered, comes before any toxic
+that holds data back. Data that arrives meanwhile waits in the socket and
+is read later as a larger chunk. (Without toxics chunk sizes cannot be
+observed, and reads are larger, for speed.)
+
 With no toxic, nothing pending and nothing unsent, the reader writes a chunk
 itself rather than handing it to the writer task: one event-loop hop per
 direction, about what toxiproxy's goroutine hand-offs cost in added round
@@ -39,7 +42,14 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from chaos.toxiproxy_server.toxics import CHANNEL_BUFFER, Emit, Stream, Toxic, ToxicRun
+from chaos.toxiproxy_server.toxics import (
+    CHANNEL_BUFFER,
+    PASS_THROUGH,
+    Emit,
+    Stream,
+    Toxic,
+    ToxicRun,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -113,9 +123,19 @@ class _Link:
         return [run for run in self._runs.values() if run.applies]
 
     def _ahead(self) -> int:
-        """How many chunks the reader may hold that the chain has not taken yet."""
-        first = next(iter(self._runs.values()), None)
-        return 1 + (CHANNEL_BUFFER.get(first.toxic.type, 0) if first is not None else 0)
+        """How many chunks the reader may hold that the chain has not taken yet.
+
+        One (the hidden noop's), plus the buffers of the toxics' input
+        channels up to the first toxic that holds data back: toxics that pass
+        every chunk straight on (those that do not apply run as a noop in
+        toxiproxy) do not stop the chunks from reaching the next buffer.
+        """
+        ahead = 1
+        for run in self._runs.values():
+            ahead += CHANNEL_BUFFER.get(run.toxic.type, 0)
+            if run.applies and run.toxic.type not in PASS_THROUGH:
+                break
+        return ahead
 
     async def _put(self, chunk: _Chunk | None) -> None:
         while len(self._pending) >= self._ahead():

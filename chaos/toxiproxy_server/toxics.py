@@ -59,6 +59,10 @@ TOXIC_ATTRIBUTES: Mapping[str, Mapping[str, int]] = {
 #: may run this many chunks ahead of them. The others get an unbuffered channel.
 CHANNEL_BUFFER: Mapping[str, int] = {"latency": 1024}
 
+#: Toxics that hand every chunk on at once (``slow_close`` acts only on close,
+#: ``limit_data`` only cuts): they never keep the reader from running ahead.
+PASS_THROUGH: frozenset[str] = frozenset({"slow_close", "limit_data"})
+
 Emit = Callable[[bytes], Awaitable[None]]
 
 
