@@ -424,3 +424,32 @@ def test_removing_a_slicer_releases_the_rest_of_its_chunk_at_once(proxy: Proxy) 
         _reads_until(sock, size - first)
         released = time.monotonic() - start
     assert released < 2.0, released
+
+
+def test_toxics_see_chunks_of_at_most_32_kib(proxy: Proxy) -> None:
+    """The link reads with ``io.Copy``'s 32 KiB buffer, and a slicer cuts each
+    chunk on its own: with slices larger than any chunk, every chunk passes
+    whole, 200 ms apart, and none is larger than 32 KiB. (The embedded
+    server used to read 64 KiB at a time.) Groups are bytes arriving less
+    than 100 ms apart; the echo server sends the 100 KB back in one go."""
+    size = 100_000
+    proxy.add_toxic("slicer", stream="downstream", average_size=size, size_variation=0,
+                    delay=200_000)
+    groups: list[int] = []
+    with _connect(proxy) as sock:
+        sock.sendall(os.urandom(size))
+        got = 0
+        last = 0.0
+        while got < size:
+            sock.settimeout(_IO_TIMEOUT_S)
+            data = sock.recv(1 << 20)
+            assert data, f"EOF after {got} of {size} bytes"
+            now = time.monotonic()
+            if groups and now - last < 0.1:
+                groups[-1] += len(data)
+            else:
+                groups.append(len(data))
+            last = now
+            got += len(data)
+    assert max(groups) <= 32 * 1024, groups
+    assert len(groups) >= 4, groups  # 100,000 bytes cannot come in fewer 32 KiB chunks
