@@ -12,6 +12,16 @@ type/stream/attributes; ``GET|POST|PATCH /proxies/{proxy}/toxics/{toxic}``
 proxy or toxic: 404. Errors are ``{"error": message, "status": code}``.
 Requests from browsers (User-Agent ``Mozilla/...``) get 403, as in
 toxiproxy, so a web page cannot drive the API.
+
+Answers are the real server's bytes (``api.go``), not just the same JSON
+values: bodies are Go-marshalled (:mod:`gojson`: struct field order, map
+keys sorted, ``toxicity`` a ``float32`` written ``1`` or ``0.5``); an error
+goes through Go's ``http.Error``, so it is ``text/plain`` with a trailing
+newline; ``/populate`` answers every outcome, errors included, as one
+object ``{"error", "status", "proxies"}`` (``proxies`` is ``null`` when
+none was made); ``/version`` is written by hand as ``{"version": "V"}`` and
+a newline; an unknown path gets gorilla/mux's ``404 page not found``, a
+known path with another method an empty 405.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from chaos.toxiproxy_server import gojson
 from chaos.toxiproxy_server.errors import ApiError, bad_request
 from chaos.toxiproxy_server.proxy import ProxyCollection
 from chaos.toxiproxy_server.toxics import parse_new_toxic, parse_toxic_update
@@ -36,7 +47,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(data: object, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+    return web.Response(body=gojson.dumps(data), status=status, content_type="application/json")
+
+
+def _http_error(text: str, status: int) -> web.Response:
+    """Go's ``http.Error``: plain text, a newline appended, no sniffing."""
+    resp = web.Response(body=(text + "\n").encode(), status=status)
+    resp.headers["Content-Type"] = "text/plain; charset=utf-8"
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    return resp
 
 
 async def _body(request: web.Request) -> object:
@@ -74,20 +93,27 @@ def _object(body: object) -> dict[str, object]:
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.headers.get("User-Agent", "").startswith("Mozilla/"):
-        return web.Response(status=403, text="User agent not allowed\n")
+        return _http_error("User agent not allowed", 403)
     try:
         async with request.app[_LOCK]:
             return await handler(request)
     except ApiError as exc:
-        return _json(exc.to_json(), exc.status)
+        return _http_error(gojson.dumps(exc.to_json()).decode(), exc.status)
+    except web.HTTPMethodNotAllowed:
+        return web.Response(status=405)
+    except web.HTTPNotFound:
+        return _http_error("404 page not found", 404)
 
 
 async def _version(request: web.Request) -> web.Response:
-    return _json({"version": VERSION})
+    body = f'{{"version": {gojson.dumps(VERSION).decode()}}}\n'.encode()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = "application/json;charset=utf-8"
+    return resp
 
 
 async def _proxy_index(request: web.Request) -> web.Response:
-    proxies = request.app[_COLLECTION].all()
+    proxies = sorted(request.app[_COLLECTION].all(), key=lambda p: p.name)  # a Go map
     return _json({p.name: p.to_json() for p in proxies})
 
 
@@ -103,11 +129,25 @@ async def _proxy_create(request: web.Request) -> web.Response:
 
 
 async def _populate(request: web.Request) -> web.Response:
-    body = await _body(request)
+    done: list[object] = []
+    try:
+        specs = _populate_specs(await _body(request))
+        collection = request.app[_COLLECTION]
+        for name, listen, upstream, enabled in specs:
+            proxy = await collection.add_or_replace(name, listen, upstream, enabled=enabled)
+            done.append(proxy.to_json())
+    except ApiError as exc:
+        # The proxies made before the failure stay, and are listed with the error.
+        answer = {**exc.to_json(), "proxies": done or None}
+        return _json(answer, exc.status)
+    return _json({"proxies": done or None}, 201)
+
+
+def _populate_specs(body: object) -> list[tuple[str, str, str, bool]]:
+    """Validate a whole ``/populate`` body before any proxy is made."""
     if not isinstance(body, list):
         raise bad_request("expected a JSON array of proxies")
     specs: list[tuple[str, str, str, bool]] = []
-    seen: set[str] = set()
     for i, item in enumerate(body, start=1):
         entry = _object(item)
         name = _str_field(entry, "name", "")
@@ -116,18 +156,10 @@ async def _populate(request: web.Request) -> web.Response:
             raise ApiError(f"missing required field: name at proxy {i}", 400)
         if not upstream:
             raise ApiError(f"missing required field: upstream at proxy {i}", 400)
-        if name in seen:
-            raise bad_request(f"duplicate proxy name {name!r}")
-        seen.add(name)
         specs.append(
             (name, _str_field(entry, "listen", ""), upstream, _bool_field(entry, "enabled", True))
         )
-    collection = request.app[_COLLECTION]
-    done = []
-    for name, listen, upstream, enabled in specs:
-        proxy = await collection.add_or_replace(name, listen, upstream, enabled=enabled)
-        done.append(proxy.to_json())
-    return _json({"proxies": done}, 201)
+    return specs
 
 
 async def _proxy_show(request: web.Request) -> web.Response:

@@ -1,12 +1,29 @@
 """One proxied TCP connection: two links (directions) through their toxic chains.
 
-Each link has a reader task that reads from its source socket as fast as it
-can, stamping every chunk with its arrival time, and a writer task that
-passes each chunk through the link's toxic runs in order and writes what
-comes out to the destination socket. Toxics that delay (latency) wait until
-*arrival + delay*, so a delayed link keeps its throughput, as toxiproxy's
-does. The toxic chain of a link can change while data flows (toxics are
-added, updated and removed through the API and apply to live connections).
+Each link has a reader task that reads from its source socket, stamping
+every chunk with its arrival time, and a writer task that passes each chunk
+through the link's toxic runs in order and writes what comes out to the
+destination socket. Toxics that delay (latency) wait until *arrival +
+delay*, so a delayed link keeps its throughput, as toxiproxy's does. The
+toxic chain of a link can change while data flows (toxics are added,
+updated and removed through the API and apply to live connections).
+
+Chunking follows toxiproxy's ``link.go``, since a slicer cuts each chunk on
+its own and its cost is per slice: reads are of at most 32 KiB (``io.Copy``'s
+buffer), and the reader runs at most one chunk ahead of the chunk being
+processed (toxiproxy's unbuffered channels: the reader blocks with one
+chunk while the hidden noop toxic holds the next), or 1024 more when a
+latency toxic, whose input channel is buffered, comes before any toxic
+that holds data back. Data that arrives meanwhile waits in the socket and
+is read later as a larger chunk. (Without toxics chunk sizes cannot be
+observed, and reads are larger, for speed.)
+
+With no toxic, nothing pending and nothing unsent, the reader writes a chunk
+itself rather than handing it to the writer task: one event-loop hop per
+direction, about what toxiproxy's goroutine hand-offs cost in added round
+trip. When the destination is slower, chunks go through the writer task,
+so reading the next chunk overlaps waiting for the destination, as it
+does across toxiproxy's reader and writer goroutines.
 
 When either source reaches end of stream (after the toxics saw it: a
 ``slow_close`` toxic delays it) or any socket fails, the whole connection
@@ -17,6 +34,7 @@ SO_LINGER 0 so the peers see a TCP RST.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import socket
@@ -24,12 +42,20 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from chaos.toxiproxy_server.toxics import Emit, Stream, Toxic, ToxicRun
+from chaos.toxiproxy_server.toxics import (
+    CHANNEL_BUFFER,
+    PASS_THROUGH,
+    Emit,
+    Stream,
+    Toxic,
+    ToxicRun,
+)
 
 _log = logging.getLogger(__name__)
 
-_READ_SIZE = 64 * 1024
-_QUEUE_CHUNKS = 1024  # bounded: a slow link pushes back on its sender via TCP
+_READ_SIZE = 32 * 1024
+#: Without toxics chunk sizes are not observable: larger reads cost less Python per byte.
+_BULK_READ_SIZE = 256 * 1024
 _CLOSE_GRACE_S = 2.0
 
 
@@ -54,7 +80,10 @@ class _Link:
         self.stream = stream
         self._source = source
         self._dest = dest
-        self._queue: asyncio.Queue[_Chunk | None] = asyncio.Queue(_QUEUE_CHUNKS)
+        self._pending: collections.deque[_Chunk | None] = collections.deque()
+        self._has_data = asyncio.Event()
+        self._has_room = asyncio.Event()
+        self._writer_idle = False
         self._runs: dict[str, ToxicRun] = {}
         for toxic in toxics:
             self._runs[toxic.name] = ToxicRun(toxic, conn)
@@ -73,6 +102,7 @@ class _Link:
         run = ToxicRun(toxic, self._conn)
         self._runs[toxic.name] = run
         run.start()
+        self._has_room.set()  # the reader's allowance may have changed
 
     def update_toxic(self, toxic: Toxic) -> None:
         old = self._runs.get(toxic.name)
@@ -81,31 +111,72 @@ class _Link:
         run = ToxicRun(toxic, self._conn, previous=old)
         self._runs[toxic.name] = run  # an existing key keeps its place in the chain
         run.start()
+        self._has_room.set()
 
     def remove_toxic(self, name: str) -> None:
         run = self._runs.pop(name, None)
         if run is not None:
             run.stop(removed=True)
+        self._has_room.set()
 
     def _chain(self) -> list[ToxicRun]:
         return [run for run in self._runs.values() if run.applies]
 
+    def _ahead(self) -> int:
+        """How many chunks the reader may hold that the chain has not taken yet.
+
+        One (the hidden noop's), plus the buffers of the toxics' input
+        channels up to the first toxic that holds data back: toxics that pass
+        every chunk straight on (those that do not apply run as a noop in
+        toxiproxy) do not stop the chunks from reaching the next buffer.
+        """
+        ahead = 1
+        for run in self._runs.values():
+            ahead += CHANNEL_BUFFER.get(run.toxic.type, 0)
+            if run.applies and run.toxic.type not in PASS_THROUGH:
+                break
+        return ahead
+
+    async def _put(self, chunk: _Chunk | None) -> None:
+        while len(self._pending) >= self._ahead():
+            self._has_room.clear()
+            await self._has_room.wait()
+        self._pending.append(chunk)
+        self._has_data.set()
+
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
+        dest = self._dest
         try:
             while True:
-                data = await self._source.read(_READ_SIZE)
+                data = await self._source.read(_READ_SIZE if self._runs else _BULK_READ_SIZE)
                 if not data:
                     break
-                await self._queue.put(_Chunk(data, loop.time()))
+                if (
+                    self._writer_idle
+                    and not self._runs
+                    and not self._pending
+                    and not dest.transport.get_write_buffer_size()
+                ):
+                    if self._conn.closed:
+                        break
+                    dest.write(data)  # sent at once; else the writer task drains it
+                    continue
+                await self._put(_Chunk(data, loop.time()))
         except OSError:
             pass
-        await self._queue.put(None)
+        await self._put(None)
 
     async def _write(self) -> None:
         try:
             while not self._conn.closed:
-                chunk = await self._queue.get()
+                while not self._pending:
+                    self._writer_idle = True
+                    self._has_data.clear()
+                    await self._has_data.wait()
+                self._writer_idle = False
+                chunk = self._pending.popleft()
+                self._has_room.set()
                 chain = self._chain()
                 if chunk is None:
                     for run in chain:

@@ -13,7 +13,7 @@ toxic's effect on a chunk of data (``on_data``) and on end of stream
 (``on_eof``). Runs are chained in the order the toxics were added: each
 run passes what it lets through to the next one with ``emit``.
 
-Semantics follow toxiproxy 2.x as documented: times are milliseconds
+Semantics follow toxiproxy 2.x (its ``toxics/*.go``): times are milliseconds
 except slicer ``delay`` (microseconds); ``bandwidth`` rate is KB/s with
 1 KB = 1000 bytes; a ``timeout`` toxic drops data (it does not buffer it)
 and closes the connection after ``timeout`` ms, or never when 0; removing
@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from chaos.toxiproxy_server.errors import ApiError, bad_request
+from chaos.toxiproxy_server.gojson import Float32, float32
 
 
 class Stream(enum.StrEnum):
@@ -41,7 +43,8 @@ class Stream(enum.StrEnum):
     DOWNSTREAM = "downstream"
 
 
-#: Attribute names and defaults of each supported toxic type (all integers).
+#: Attribute names and defaults of each supported toxic type (all integers), in
+#: the order of the Go struct's fields, which is the order the real server writes them.
 TOXIC_ATTRIBUTES: Mapping[str, Mapping[str, int]] = {
     "latency": {"latency": 0, "jitter": 0},
     "bandwidth": {"rate": 0},
@@ -52,10 +55,15 @@ TOXIC_ATTRIBUTES: Mapping[str, Mapping[str, int]] = {
     "limit_data": {"bytes": 0},
 }
 
-Emit = Callable[[bytes], Awaitable[None]]
+#: Toxics whose input channel toxiproxy buffers (``GetBufferSize``): the reader
+#: may run this many chunks ahead of them. The others get an unbuffered channel.
+CHANNEL_BUFFER: Mapping[str, int] = {"latency": 1024}
 
-#: Shortest sleep worth scheduling: asyncio timers are about 1 ms coarse.
-_MIN_SLEEP_S = 0.001
+#: Toxics that hand every chunk on at once (``slow_close`` acts only on close,
+#: ``limit_data`` only cuts): they never keep the reader from running ahead.
+PASS_THROUGH: frozenset[str] = frozenset({"slow_close", "limit_data"})
+
+Emit = Callable[[bytes], Awaitable[None]]
 
 
 @dataclass
@@ -65,10 +73,11 @@ class Toxic:
     name: str
     type: str
     stream: Stream
-    toxicity: float
+    toxicity: Float32
     attributes: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
+        """Fields in ``ToxicWrapper``'s order; toxicity is a Go ``float32``."""
         return {
             "attributes": dict(self.attributes),
             "name": self.name,
@@ -79,19 +88,19 @@ class Toxic:
 
 
 def _as_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # Go decodes into int fields only numbers written as integers: 1.0 and 1e3 fail.
+    if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"{what} must be an integer, got {value!r}")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise bad_request(f"{what} must be an integer, got {value!r}")
-        value = int(value)
     return value
 
 
-def _as_toxicity(value: object) -> float:
+def _as_toxicity(value: object) -> Float32:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad_request(f"toxicity must be a number, got {value!r}")
-    return float(value)
+    try:
+        return float32(value)
+    except OverflowError:
+        raise bad_request(f"toxicity {value!r} overflows a float32") from None
 
 
 def _merge_attributes(type_: str, base: Mapping[str, int], given: object) -> dict[str, int]:
@@ -123,7 +132,9 @@ def parse_new_toxic(body: object) -> Toxic:
     """
     if not isinstance(body, dict):
         raise bad_request("expected a JSON object")
-    stream_name = body.get("stream") or "downstream"
+    stream_name = body.get("stream")
+    if stream_name is None:  # absent or null: toxiproxy's default
+        stream_name = "downstream"
     try:
         stream = Stream(stream_name)
     except ValueError:
@@ -134,7 +145,8 @@ def parse_new_toxic(body: object) -> Toxic:
     name = body.get("name") or f"{type_}_{stream}"
     if not isinstance(name, str):
         raise bad_request(f"name must be a string, got {name!r}")
-    toxicity = _as_toxicity(body["toxicity"]) if "toxicity" in body else 1.0
+    given = body.get("toxicity")
+    toxicity = _as_toxicity(given) if given is not None else float32(1.0)
     attributes = _merge_attributes(type_, TOXIC_ATTRIBUTES[type_], body.get("attributes"))
     return Toxic(name=name, type=type_, stream=stream, toxicity=toxicity, attributes=attributes)
 
@@ -146,7 +158,8 @@ def parse_toxic_update(current: Toxic, body: object) -> Toxic:
     """
     if not isinstance(body, dict):
         raise bad_request("expected a JSON object")
-    toxicity = _as_toxicity(body["toxicity"]) if "toxicity" in body else current.toxicity
+    given = body.get("toxicity")
+    toxicity = _as_toxicity(given) if given is not None else current.toxicity
     attributes = _merge_attributes(current.type, current.attributes, body.get("attributes"))
     return Toxic(
         name=current.name,
@@ -186,6 +199,7 @@ class ToxicRun:
         self._sent: int = previous._sent if previous is not None else 0
         self._pace_at = 0.0
         self._reset_armed = False
+        self._stopped = False
         self._timer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -195,7 +209,12 @@ class ToxicRun:
             self._timer = asyncio.get_running_loop().create_task(self._close_after(timeout_ms))
 
     def stop(self, *, removed: bool) -> None:
-        """Stop the run; a removed ``timeout`` toxic closes its connection."""
+        """Stop the run; a removed ``timeout`` toxic closes its connection.
+
+        A slicer stopped in the middle of a chunk passes the rest of it on in
+        one piece, as toxiproxy's interrupted slicer does.
+        """
+        self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -213,7 +232,9 @@ class ToxicRun:
         loop = asyncio.get_running_loop()
         if kind == "latency":
             jitter = attrs["jitter"]
-            delay_ms = attrs["latency"] + (self._rng.randint(-jitter, jitter) if jitter else 0)
+            # rand.Int63n(2 * jitter) - jitter: from -jitter to jitter - 1.
+            offset = self._rng.randrange(2 * jitter) - jitter if jitter > 0 else 0
+            delay_ms = attrs["latency"] + offset
             wait = arrived + max(delay_ms, 0) / 1000 - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -261,23 +282,56 @@ class ToxicRun:
                 await asyncio.sleep(wait)
             await emit(part)
 
-    async def _sliced(self, data: bytes, attrs: Mapping[str, int], emit: Emit) -> None:
+    def slice_bounds(self, size: int) -> list[int]:
+        """Cut points of a ``size``-byte chunk: ``[0, b1, ..., size]``.
+
+        toxiproxy's ``SlicerToxic.chunk``: a piece longer than ``average_size
+        + size_variation`` is halved, the cut moved by a random offset in
+        ``[-size_variation, size_variation)``, and each half cut again, so
+        pieces vary evenly around the average with no short piece at the
+        start or end. (A variation of ``average_size`` or more makes the real
+        server cut out of bounds and panic; here it is capped below it.)
+        """
+        attrs = self.toxic.attributes
         average = max(attrs["average_size"], 1)
         variation = min(attrs["size_variation"], average - 1)
-        delay = attrs["delay"] / 1_000_000
+        bounds = [0]
+        pending = [(0, size)]
+        while pending:
+            start, end = pending.pop()
+            if (end - start) - average <= variation:
+                bounds.append(end)
+                continue
+            mid = start + (end - start) // 2
+            if variation > 0:
+                mid += self._rng.randrange(2 * variation) - variation
+            pending.append((mid, end))  # the left half is cut (and emitted) first
+            pending.append((start, mid))
+        return bounds
+
+    async def _sliced(self, data: bytes, attrs: Mapping[str, int], emit: Emit) -> None:
+        """Write each slice, then wait ``delay`` us (after the last slice too).
+
+        The wait is a real timer, as toxiproxy's ``time.After(delay)``, started
+        when the slice is handed on (in toxiproxy the writer goroutine writes
+        it while the timer runs). Both Go's runtime and asyncio wait for
+        timers in ``epoll_wait``, whose timeout is whole milliseconds rounded
+        up, so when nothing else wakes the process a 100 us delay lasts about
+        1.1 ms in both and the stream crosses at about one slice per
+        millisecond; other traffic that wakes the process lets a due timer
+        fire sooner, in both. That is the real cost of a slicer (toxiproxy
+        2.12.0 took 1,160 ms for a 25 KB exchange through ``slicer(32, 24,
+        100)``); pacing the delays exactly would be ten times faster than the
+        server it stands in for. A delay of 0 still yields, so other traffic
+        passes between slices.
+        """
+        delay_s = attrs["delay"] / 1_000_000
         loop = asyncio.get_running_loop()
-        # Delays are paced against a clock rather than slept one by one: the event
-        # loop's timers have ~1 ms granularity, so sleeping 100 us per slice would
-        # really cost 1 ms each. Over a chunk the average delay per slice is exact.
-        due = loop.time()
-        start = 0
-        while start < len(data):
-            size = average + (self._rng.randint(-variation, variation) if variation else 0)
-            part = data[start : start + max(size, 1)]
-            start += len(part)
-            await emit(part)
-            if delay > 0 and start < len(data):
-                due += delay
-                wait = due - loop.time()
-                if wait >= _MIN_SLEEP_S:
-                    await asyncio.sleep(wait)
+        bounds = self.slice_bounds(len(data))
+        for start, end in itertools.pairwise(bounds):
+            if self._stopped:
+                await emit(data[start:])
+                return
+            due = loop.time() + delay_s
+            await emit(data[start:end])
+            await asyncio.sleep(max(due - loop.time(), 0))
