@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from conformance import process_nodes
 from conformance.errors import ConfigError
 from conformance.selection import configured_capabilities, spec_from_config
 from conformance.spec import TransportSpec, make_spec
@@ -51,6 +52,8 @@ def zmq_transport_spec(
                 overrides=configured_capabilities(request.config),
                 origin="--zmq-capability",
             )
+        spec = process_nodes.nodes_spec(spec, request.config.getoption("zmq_nodes", None),
+                                        option="--zmq-nodes")
     except ConfigError as exc:
         pytest.fail(str(exc), pytrace=False)
     request.node.user_properties.append(("zmq_transport", f"fixture {spec.name}"))

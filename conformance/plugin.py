@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from conformance import profiles, selection, xfail
+from conformance import process_nodes, profiles, selection, xfail
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
 from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
@@ -107,6 +107,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="expected failures: lines 'CLAUSE-ID: reason' or 'test-id: reason'")
     group.addoption("--zmq-chaos", action="store_true", default=False,
                     help="also run the chaos clauses (fault injection through toxiproxy)")
+    group.addoption("--zmq-nodes", metavar="MODE", default=None, choices=process_nodes.NODE_MODES,
+                    help="where nodes run: inprocess (default) or process (each node in its "
+                         "own OS process, driven through execnet; needed by PROC-1..3 only)")
     group.addoption("--zmq-suite", metavar="PATH", action="append", default=[],
                     help="collect PATH as the suite instead of the built-in one (advanced: "
                          "suite development, vendored copies)")
@@ -142,6 +145,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    process_nodes.shutdown()
     recorder = config.pluginmanager.get_plugin(_RECORDER)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)

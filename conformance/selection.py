@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from conformance import process_nodes
 from conformance.errors import ConfigError
 from conformance.spec import (
     DEFAULT_TRANSPORT,
@@ -155,7 +156,9 @@ def build_spec(config: pytest.Config) -> TransportSpec:
     """Resolve the transport and capabilities of ``config``, raising :class:`ConfigError`."""
     path, origin = configured_transport(config)
     overrides = configured_capabilities(config)
-    return spec_from_path(path, overrides=overrides, option=origin)
+    spec = spec_from_path(path, overrides=overrides, option=origin)
+    return process_nodes.nodes_spec(spec, config.getoption("zmq_nodes", None),
+                                    option="--zmq-nodes")
 
 
 def configured_transport(config: pytest.Config) -> tuple[str, str]:
