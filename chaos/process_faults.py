@@ -93,7 +93,7 @@ class ProcessFaults:
         return fault.ended_at
 
     def pause_for(self, node: Node, ms: float, *, drive: list[Node]) -> ProcessFault:
-        """Pause ``node`` for ``ms`` while polling ``drive`` (never the paused node), then resume."""
+        """Pause ``node`` for ``ms``, polling ``drive`` (never the paused node); then resume."""
         fault = self.pause(node, planned_ms=ms)
         self._cluster.drive_until(fault.in_place_at + ms / 1000, nodes=drive)
         self.resume(fault)
@@ -154,9 +154,9 @@ class ProcessCluster(Cluster):
     def observers_in_process(self) -> bool:
         return not is_process_spec(self.spec)
 
-    def add_target(self, name: str | None = None, **options: int) -> Node:
-        node = self._targets.add_node(name, **options)
-        return node
+    def add_target(self, name: str | None = None, *, port: int | None = None) -> Node:
+        """A node in its own process, which :attr:`faults` can pause and kill."""
+        return self._targets.add_node(name, port=port)
 
     def target(self, name: str) -> Node:
         for node in self._targets.nodes:
@@ -183,9 +183,9 @@ class ProcessCluster(Cluster):
             self.faults.end_all()
         except Exception as exc:
             errors.append(exc)
-        for part in (self._targets, super()):
+        for close in (self._targets.close, super().close):
             try:
-                part.close()
+                close()
             except Exception as exc:
                 errors.append(exc)
         if errors:

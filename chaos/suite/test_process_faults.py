@@ -211,7 +211,7 @@ def test_proc2_resumed_node_learns_its_connections_died_and_both_converge(
     fault = process_cluster.faults.pause(b)
     detected_ms, _ = _observe_death(hb, fault, a_out, a)
     assert detected_ms is not None, (
-        f"PROC-2: a never noticed the paused b (PROC-1); cannot test the recovery"
+        "PROC-2: a never noticed the paused b (PROC-1); cannot test the recovery"
     )
     # Stay paused one more timeout: every heartbeat the far side runs has expired.
     process_cluster.drive_until(time.monotonic() + (hb.timeout_ms + hb.ivl_ms) / 1000, nodes=[a])
