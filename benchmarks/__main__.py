@@ -2,7 +2,8 @@
 
 Sections: ``transport`` (reference vs raw baseline), ``suite`` (the suite's
 own cost), ``detection`` (heartbeat detection vs the timeout), ``proxy``
-(the embedded fault proxy vs direct TCP). Pick some with ``--only``.
+(the embedded fault proxy vs direct TCP), ``process`` (process nodes: suite cost and
+pause-detection precision). Pick some with ``--only``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int], dict[str, int]]]] = {
     "suite": ("benchmarks.suite_cost", lambda r: {"repeats": max(1, r - 2)}),
     "detection": ("benchmarks.detection", lambda r: {"trials": max(5, r * 3)}),
     "proxy": ("benchmarks.proxy_overhead", lambda r: {"repeats": r}),
+    "process": ("benchmarks.process_nodes", lambda r: {"repeats": max(1, r // 2), "trials": 30}),
 }
 SECTIONS = tuple(_SECTIONS)
 

@@ -27,6 +27,10 @@ def markdown(results: dict[str, Any]) -> str:
         out += _detection(results["detection"])
     if "proxy" in results:
         out += _proxy(results["proxy"])
+    if "process" in results:
+        from benchmarks import process_nodes
+
+        out += process_nodes.markdown(results["process"])
     return "\n".join(out) + "\n"
 
 
