@@ -31,8 +31,12 @@ from typing import Any
 import pytest
 
 from chaos.process_faults import ProcessCluster, ProcessFault, draw_pause_ms
+from chaos.process_machine import ProcessChaosMachine
+from chaos.proxy import Toxiproxy
 from chaos.suite._support import SLACK_MS, Heartbeat, Mailbox, heartbeat_for, watch_deaths
+from conformance import profiles
 from conformance.harness import Connection, Node, handshake, receive, wait_inbound, wait_until
+from conformance.machines import run_machine
 from conformance.spec import TransportSpec
 
 pytestmark = pytest.mark.chaos
@@ -263,3 +267,24 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
                            what="the replacement process started on the same port")
     _report(record_property, "PROC-3", "replacement reachable:",
             reachable_ms=round((done - built_at) * 1000), bound_ms=at_once_ms)
+
+
+# -- the machine -----------------------------------------------------------------
+
+
+@pytest.mark.clause("PROC-1", "PROC-3")
+def test_proc_chaos_machine(
+    zmq_transport_spec: TransportSpec, toxiproxy: Toxiproxy, record_property: Recorder
+) -> None:
+    """The chaos machine on process nodes: traffic, proxy faults, pauses and crashes,
+    shrunk together (see :mod:`chaos.process_machine`)."""
+    built: list[ProcessChaosMachine] = []
+
+    def build() -> ProcessChaosMachine:
+        built.append(ProcessChaosMachine(zmq_transport_spec, toxiproxy))
+        return built[-1]
+
+    try:
+        run_machine(build, settings=profiles.suite_settings())
+    finally:
+        record_property("examples", len(built))
