@@ -8,7 +8,8 @@ Two measurements:
   and every node a process (reused once its transport closed cleanly).
 - **Pause-detection precision.** Each trial builds an in-process observer
   ``a`` and a process node ``b``, establishes a connection both ways, stops
-  ``b`` (SIGSTOP) and measures, from the moment the kernel reports ``b``
+  ``b`` (SIGSTOP) at a drawn moment of the heartbeat cycle (0 to two intervals
+  after the handshake) and measures, from the moment the kernel reports ``b``
   stopped, how long until ``a``'s connection reports ``alive == False``, as a
   ratio to the heartbeat timeout. Targets: median in [1.0, 1.2], max <= 1.3.
   A second series pauses ``b`` for a drawn time shorter than ``timeout -
@@ -54,12 +55,16 @@ def _pair(cluster: Any) -> tuple[Any, Any, Any, Any]:
     return a, b, a_out, b_in
 
 
-def _detection_trial(spec: Any) -> float | None:
+def _detection_trial(spec: Any, phase_ms: float) -> float | None:
     from chaos.process_faults import ProcessCluster
     from chaos.suite._support import watch_deaths
 
     with ProcessCluster(spec) as cluster:
         a, b, a_out, _ = _pair(cluster)
+        # A real pause strikes at any moment of the heartbeat cycle; right after the
+        # handshake it would always strike just after a PING (the cycle starts with
+        # the connection), which biases detection towards timeout + interval.
+        cluster.drive_until(time.monotonic() + phase_ms / 1000, nodes=[a, b])
         fault = cluster.faults.pause(b)
         deaths = watch_deaths({"a": a_out}, nodes=[a],
                               until=fault.in_place_at + 4 * TIMEOUT_MS / 1000)
@@ -93,8 +98,9 @@ def run(trials: int = 30, repeats: int = 1,
 
     samples: list[float] = []
     undetected = 0
+    phases = random.Random("benchmarks.process_nodes pause phase")
     for n in range(trials):
-        ms = _detection_trial(spec)
+        ms = _detection_trial(spec, phases.uniform(0, 2 * INTERVAL_MS))
         if ms is None:
             undetected += 1
         else:
