@@ -19,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -44,6 +45,7 @@ from conformance.process_nodes import (
     process_spec,
 )
 from conformance.spec import TransportSpec, make_spec, spec_from_path
+from reference_impl import ZmqTransport as ZmqTransportForTests
 from reference_impl.interface import ConnectionDeadError
 
 REPO_ROOT = Path(process_nodes.__file__).resolve().parent.parent
@@ -130,7 +132,7 @@ def test_killed_node_is_reported_with_its_signal_not_a_hang(spec: TransportSpec)
 def test_paused_node_gives_a_clear_error_and_recovers(
     spec: TransportSpec, short_watchdog: None
 ) -> None:
-    with Cluster(spec) as cluster:
+    with Cluster(spec, call_limit=30.0) as cluster:  # starting a process takes longer
         a = cluster.add_node("a")
         transport = a.transport
         assert isinstance(transport, ProcessTransport)
@@ -278,3 +280,37 @@ def test_suite_runs_under_remote_style_xdist_workers(tmp_path: Path) -> None:
     clauses = json.loads(report.read_text())["clauses"]
     for clause in ("CONN-1", "HB-1", "HB-4", "PROC-1"):
         assert clauses[clause]["verdict"] == "passed", clauses[clause]
+
+
+class SlowPoll(ZmqTransportForTests):
+    """poll() sleeps 60 s: a transport that blocks (importable by the node process)."""
+
+    def poll(self) -> list[Any]:
+        time.sleep(60)
+        return []
+
+
+def test_blocking_call_in_the_node_is_a_blocked_verdict_and_the_node_survives(
+    short_watchdog: None,
+) -> None:
+    spec = process_spec(make_spec(SlowPoll, name=f"{__name__}:SlowPoll"))
+    with Cluster(spec, call_limit=30.0) as cluster:  # starting a process takes longer
+        a = cluster.add_node("a")
+        started = time.monotonic()
+        with pytest.raises(CallBlocked, match="poll"):
+            a.poll()
+        assert time.monotonic() - started < 2.0
+        assert a.connect(unreachable_peer()).alive  # the node process answers again
+
+
+def unreachable_peer() -> str:
+    return "127.0.0.1:9"
+
+
+def test_cli_rejects_an_unknown_node_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    from conformance import cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "--nodes", "threads"])
+    assert info.value.code == 2
+    assert "--nodes" in capsys.readouterr().err
