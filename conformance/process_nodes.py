@@ -435,10 +435,14 @@ class ProcessTransport:
         return [self._proxy(handle, peer) for handle, peer in result]
 
     def close(self) -> None:
-        """Close the remote transport; the process returns to the pool (or is reaped)."""
+        """Close the remote transport; the process returns to the pool (or is reaped).
+
+        A node killed or still paused by a fault has nobody to answer: its
+        process is ended (SIGKILL) and reaped instead.
+        """
         if self._closed:
             return
-        if self._worker.signalled == "SIGKILL":
+        if self._worker.signalled in ("SIGKILL", "SIGSTOP"):
             self._closed = True
             _POOL.discard(self._worker)
             return

@@ -314,3 +314,15 @@ def test_cli_rejects_an_unknown_node_mode(capsys: pytest.CaptureFixture[str]) ->
         cli.main(["run", "--nodes", "threads"])
     assert info.value.code == 2
     assert "--nodes" in capsys.readouterr().err
+
+
+def test_closing_a_paused_node_ends_its_process_at_once(spec: TransportSpec) -> None:
+    with Cluster(spec) as cluster:
+        a = cluster.add_node("a")
+        transport = a.transport
+        assert isinstance(transport, ProcessTransport)
+        pid = transport.pause() and transport.pid
+        started = time.monotonic()
+        a.close()
+        assert time.monotonic() - started < 2.0
+        assert _wait_gone([pid]) == []
