@@ -29,6 +29,10 @@ def markdown(results: dict[str, Any]) -> str:
         out += _proxy(results["proxy"])
     if "kv_events" in results:
         out += _kv_events(results["kv_events"])
+    if "process" in results:
+        from benchmarks import process_nodes
+
+        out += process_nodes.markdown(results["process"])
     return "\n".join(out) + "\n"
 
 

@@ -47,6 +47,7 @@ from typing import Any, Final
 from conformance import contracts, postmortem, profiles, selection, supervisor, xfail
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
+from conformance.process_nodes import NODE_MODES
 from conformance.spec import ENV_TRANSPORT, contract_spec_from_path
 from conformance.verdicts import ClauseVerdict, RunReport, exit_status
 
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "does not always reproduce as 'flaky' (default 4; 0: never)")
     run.add_argument("--chaos", action="store_true",
                      help="also run the chaos clauses (heartbeats under injected faults)")
+    run.add_argument("--nodes", choices=NODE_MODES, default=None,
+                     help="where nodes run: inprocess (default) or process (each node in "
+                          "its own OS process, driven through execnet)")
     run.add_argument("--suite", action="append", default=[], metavar="PATH",
                      help="run PATH instead of the built-in suite (suite development)")
     run.add_argument("-q", "--quiet", action="store_true", help="less pytest output")
@@ -246,6 +250,8 @@ def _pytest_args(
         out += ["-k", args.keyword]
     if args.chaos:
         out.append("--zmq-chaos")
+    if args.nodes is not None:
+        out += ["--zmq-nodes", args.nodes]
     if args.quiet:
         out.append("-q")
     cleanup: tempfile.TemporaryDirectory[str] | None = None

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from conformance.errors import ConfigError
-from conformance.selection import configured_capabilities, configured_contract, spec_from_config
+from conformance.selection import (
+    configured_capabilities,
+    configured_contract,
+    spec_from_config,
+    with_nodes,
+)
 from conformance.spec import TransportSpec, check_fits
 
 
@@ -71,6 +76,7 @@ def contract_spec(
             )
         else:
             spec = override
+        spec = with_nodes(request.config, session, spec)
     except ConfigError as exc:
         pytest.fail(str(exc), pytrace=False)
     request.node.user_properties.append(("zmq_transport", f"fixture {spec.name}"))

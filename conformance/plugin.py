@@ -60,6 +60,7 @@ from conformance import (
     contracts,
     lifeline,
     postmortem,
+    process_nodes,
     profiles,
     reruns,
     selection,
@@ -153,6 +154,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="expected failures: lines 'CLAUSE-ID: reason' or 'test-id: reason'")
     group.addoption("--zmq-chaos", action="store_true", default=False,
                     help="also run the chaos clauses (fault injection through toxiproxy)")
+    group.addoption("--zmq-nodes", metavar="MODE", default=None, choices=process_nodes.NODE_MODES,
+                    help="where nodes run: inprocess (default) or process (each node in its "
+                         "own OS process, driven through execnet; needed by PROC-1..3 only)")
     group.addoption("--zmq-suite", metavar="PATH", action="append", default=[],
                     help="collect PATH as the suite instead of the built-in one (advanced: "
                          "suite development, vendored copies)")
@@ -207,6 +211,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    process_nodes.shutdown()
     recorder = config.pluginmanager.get_plugin(_RECORDER)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from conformance import contracts
+from conformance import contracts, process_nodes
 from conformance.contracts import DEFAULT_CONTRACT, Contract
 from conformance.errors import ConfigError
 from conformance.spec import (
@@ -186,7 +186,21 @@ def build_spec(config: pytest.Config, contract: Contract | None = None) -> Any:
         overrides = configured_capabilities(config)
     else:
         path, origin, overrides = contract.default_factory, "default transport", {}
-    return contract_spec_from_path(contract, path, overrides=overrides, option=origin)
+    spec = contract_spec_from_path(contract, path, overrides=overrides, option=origin)
+    return with_nodes(config, contract, spec)
+
+
+def with_nodes(config: pytest.Config, contract: Contract, spec: Any) -> Any:
+    """Apply ``--zmq-nodes`` to ``spec``: process nodes exist for the p2p contract only."""
+    mode = config.getoption("zmq_nodes", None)
+    if contract.name == DEFAULT_CONTRACT:
+        return process_nodes.nodes_spec(spec, mode, option="--zmq-nodes")
+    if mode not in (None, "inprocess"):
+        raise ConfigError(
+            f"--zmq-nodes={mode}: nodes in their own processes exist for the "
+            f"{DEFAULT_CONTRACT} contract only, not {contract.name}"
+        )
+    return spec
 
 
 def configured_transport(config: pytest.Config) -> tuple[str, str]:

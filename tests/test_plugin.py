@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from plugin_project import junit_cases, load_json, make_project, run_pytest, verdicts
 
+from conformance.clauses import CLAUSES
 from conformance.selection import choose_transport, suite_paths
 from conformance.spec import DEFAULT_TRANSPORT, ENV_TRANSPORT
 from conformance.verdicts import CHAOS_REASON, NO_TEST_REASON
@@ -66,7 +67,7 @@ def test_reports_are_per_clause_and_correct_under_xdist(project: Path) -> None:
     assert set(got) == {  # one entry per clause of the registry
         *(f"CONN-{i}" for i in range(1, 8)), *(f"POLL-{i}" for i in range(1, 6)),
         *(f"MSG-{i}" for i in range(1, 6)), *(f"HB-{i}" for i in range(1, 8)),
-        "RES-1", "RES-2", "SEC-1", "SEC-2",
+        *(f"PROC-{i}" for i in range(1, 4)), "RES-1", "RES-2", "SEC-1", "SEC-2",
     }
     assert got["CONN-1"] == got["MSG-1"] == got["MSG-2"] == "failed"
     assert got["POLL-4"] == got["RES-1"] == "passed"
@@ -82,14 +83,14 @@ def test_reports_are_per_clause_and_correct_under_xdist(project: Path) -> None:
     assert data["clauses"]["CONN-2"]["reason"] == NO_TEST_REASON
     assert data["clauses"]["HB-1"]["reason"] == CHAOS_REASON
     cases = junit_cases(project / "out" / "r.xml")
-    assert len(cases) == 28
+    assert len(cases) == len(CLAUSES)
     assert cases["MSG-1"].find("failure") is not None
     assert cases["POLL-4"].find("failure") is None and cases["POLL-4"].find("skipped") is None
     assert cases["CONN-2"].find("skipped") is not None
     markdown = (project / "out" / "r.md").read_text()
     rows = [line for line in markdown.splitlines() if line.startswith("| ") and "-" in line]
     assert [r.split(" | ")[1] for r in rows[:3]] == ["**FAILED**"] * 3  # failures first
-    assert len(rows) == 28
+    assert len(rows) == len(CLAUSES)
     assert "n=10" in markdown and "zmq-conformance run --transport fakes:Broken" in markdown
     assert "FAILED   MSG-1" in result.stdout  # terminal per-clause summary
 

@@ -76,15 +76,16 @@ def test_every_factory_imports_and_derives_from_the_reference(mutant: Mutant) ->
 
 
 def test_every_mutant_class_is_in_the_catalog() -> None:
-    from conformance.contracts.p2p import transports
+    from conformance.contracts.p2p import process_transports, transports
 
     listed = {m.factory.split(":")[1] for m in (*CATALOG, *RACY)}
-    assert set(transports.__all__) == listed
+    assert set(transports.__all__) | set(process_transports.__all__) == listed
 
 
 def test_mutant_source_marks_the_defect() -> None:
     """Each mutant class (or the class it plugs in) carries a ``# MUTATION`` line."""
-    source = (ROOT / "conformance" / "contracts" / "p2p" / "transports.py").read_text()
+    source = "".join((ROOT / "conformance" / "contracts" / "p2p" / name).read_text()
+                     for name in ("transports.py", "process_transports.py"))
     assert source.count("# MUTATION") >= len(CATALOG) + len(RACY)
 
 

@@ -165,6 +165,28 @@ CLAUSES: Final[dict[str, Clause]] = clause_table(
         "far side) is reachable as soon as the partition heals.",
         chaos=True,
     ),
+    # Process faults (nodes in their own processes)
+    Clause(
+        "PROC-1",
+        "a paused node is detected in the heartbeat window",
+        "A paused node (SIGSTOP; its kernel keeps TCP alive) is marked dead by its peers "
+        "within the heartbeat window; a pause shorter than timeout - interval causes no death.",
+        chaos=True,
+    ),
+    Clause(
+        "PROC-2",
+        "a resumed node learns and both sides converge",
+        "After SIGCONT the paused node learns its connections died, and both sides converge "
+        "within the recovery bound; nothing sent after recovery is lost.",
+        chaos=True,
+    ),
+    Clause(
+        "PROC-3",
+        "a killed node is detected, its replacement reachable",
+        "A killed node (SIGKILL) is detected promptly; a replacement process on the same port "
+        "is reachable at once.",
+        chaos=True,
+    ),
     # Resources
     Clause(
         "RES-1",

@@ -16,6 +16,7 @@ from conformance.selfcheck.mutants import FailureMode, Mutant
 __all__ = ["CATALOG", "FAILURE_MODES", "RACY"]
 
 _T = "conformance.contracts.p2p.transports"
+_P = "conformance.contracts.p2p.process_transports"
 
 
 def _modes(*items: FailureMode) -> dict[str, FailureMode]:
@@ -118,6 +119,16 @@ FAILURE_MODES: Final[dict[str, FailureMode]] = _modes(
                 "interval"),
     FailureMode("long-handshake-interval",
                 "ZMQ_HANDSHAKE_IVL left at 30 s, so a swallowed reconnect stalls recovery"),
+    # Failure modes only a node in its own process shows (PROC-1..3).
+    FailureMode("tcp-only-liveness",
+                "liveness from TCP alone (keepalive, disconnect events): a paused process's "
+                "kernel keeps answering, so a hung node is never noticed"),
+    FailureMode("stall-hides-disconnects",
+                "disconnects after the node's own stall taken for artefacts and dropped, so a "
+                "resumed node never learns its peers gave up on it"),
+    FailureMode("stale-identity-lock",
+                "an identity lock only close() releases, so the replacement of a crashed node "
+                "is unreachable until the lock expires"),
 )
 
 
@@ -281,6 +292,19 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "the ROUTER runs without ZMQ_ROUTER_HANDOVER: a peer's new connection is ignored "
        "while its old one (half-open after a restart) lingers",
        "no-router-handover", "HB-7", "HB-5", "CONN-3", chaos=True),
+    # -- process faults (chaos; each node in its own process)
+    Mutant("tcp_keepalive_liveness", f"{_P}:TcpKeepaliveLiveness",
+           "TCP keepalive and disconnect events instead of a ZMTP heartbeat: a paused node is "
+           "never declared dead (a proxy partition, HB-1, shows it too)",
+           "tcp-only-liveness", ("PROC-1", "HB-1"), chaos=True),
+    Mutant("stall_suppresses_disconnects", f"{_P}:StallSuppressesDisconnects",
+           "disconnects read within a heartbeat timeout after a gap between polls longer than "
+           "timeout + interval are dropped: after SIGCONT the node keeps its dead connections",
+           "stall-hides-disconnects", ("PROC-2",), chaos=True),
+    Mutant("stale_identity_lock", f"{_P}:StaleIdentityLock",
+           "a lock file per identity that only close() removes: a killed node's replacement "
+           "stays unbound for 30 s",
+           "stale-identity-lock", ("PROC-3",), chaos=True),
 )
 
 #: Mutants whose defect is real but shows only in a race or under enough load,
