@@ -1,6 +1,11 @@
-"""The interface of a ZeroMQ control transport and the reference implementation."""
+"""The reference implementations, one subpackage per contract family.
 
-from reference_impl.interface import (
+``p2p`` (the peer-to-peer transport, re-exported here: ``reference_impl:ZmqTransport``
+is the default transport under test), ``kv_events`` (publisher and subscriber
+of the KV-event stream) and ``control`` (the request/reply control channel).
+"""
+
+from reference_impl.p2p.interface import (
     ConnectionDeadError,
     ControlConnection,
     ControlTransport,
@@ -10,7 +15,7 @@ from reference_impl.interface import (
     SendQueueFullError,
     TransportError,
 )
-from reference_impl.transport import ZmqConnection, ZmqTransport
+from reference_impl.p2p.transport import ZmqConnection, ZmqTransport
 
 __all__ = [
     "ConnectionDeadError",

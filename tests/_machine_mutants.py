@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference_impl.transport import ZmqConnection, ZmqTransport, parse_routing_id
+from reference_impl.p2p.transport import ZmqConnection, ZmqTransport, parse_routing_id
 
 __all__ = ["DropsFirstMessageAfterRestart"]
 

@@ -46,7 +46,7 @@ from conformance.process_nodes import (
 )
 from conformance.spec import TransportSpec, make_spec, spec_from_path
 from reference_impl import ZmqTransport as ZmqTransportForTests
-from reference_impl.interface import ConnectionDeadError
+from reference_impl.p2p.interface import ConnectionDeadError
 
 REPO_ROOT = Path(process_nodes.__file__).resolve().parent.parent
 

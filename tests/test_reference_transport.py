@@ -29,7 +29,7 @@ from reference_impl import (
     ZmqConnection,
     ZmqTransport,
 )
-from reference_impl.transport import parse_peer_id, parse_routing_id
+from reference_impl.p2p.transport import parse_peer_id, parse_routing_id
 
 FAST = {"heartbeat_ivl_ms": 100, "heartbeat_timeout_ms": 500, "heartbeat_ttl_ms": 500}
 

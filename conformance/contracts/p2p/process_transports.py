@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from reference_impl.transport import ZmqConnection, ZmqTransport, _bracket
+from reference_impl.p2p.transport import ZmqConnection, ZmqTransport, _bracket
 
 __all__ = ["StaleIdentityLock", "StallSuppressesDisconnects", "TcpKeepaliveLiveness"]
 

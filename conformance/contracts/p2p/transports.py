@@ -48,13 +48,13 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from reference_impl.interface import (
+from reference_impl.p2p.interface import (
     ConnectionDeadError,
     Message,
     MessageTooLargeError,
     SendQueueFullError,
 )
-from reference_impl.transport import (
+from reference_impl.p2p.transport import (
     _MONITOR_EVENTS,
     DEFAULT_MAX_MESSAGE_BYTES,
     INCARNATION_SEPARATOR,

@@ -375,7 +375,10 @@ def test_hb6_sliced_and_throttled_links_deliver_intact(
     budget_ms = (hb.timeout_ms - hb.ivl_ms) / 2
     if kind == "slicer":
         average, variation, delay_us = 32, 24, 100
-        max_size = min(int(budget_ms * 1000 / delay_us * average / 4), 64 * 1024)
+        # Each slice costs at least a millisecond whatever its delay: toxiproxy (and
+        # the embedded server) wait for timers in whole milliseconds (epoll_wait).
+        slice_us = max(delay_us, 1000)
+        max_size = min(int(budget_ms * 1000 / slice_us * average / 4), 64 * 1024)
         fault = chaos_cluster.faults.slice(a, b, average_size=average,
                                            size_variation=variation, delay_us=delay_us)
     else:

@@ -52,7 +52,7 @@ import zmq
 from zmq.backend import Socket as _RawSocket
 from zmq.utils.monitor import parse_monitor_message
 
-from reference_impl.interface import (
+from reference_impl.p2p.interface import (
     ConnectionDeadError,
     ControlConnection,
     ControlTransport,
