@@ -268,9 +268,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     the release of what the test's transports left open."""
     state = item.config.stash.get(_STATE, None)
     clauses = item.stash.get(_CLAUSES, None)
+    watchdog.new_test()  # every test: a call that blocked in one never shortens the next's
     if clauses is None:
         return (yield)
-    watchdog.new_test()
     watchdog.set_block_hook(_cap_shrinking)
     try:
         return (yield from _supervised(item, clauses, state))

@@ -50,6 +50,7 @@ def test_mutant_is_killed_by_its_clause(mutant: Mutant) -> None:
     clauses = [arg for c in mutant.clauses for arg in ("--selfcheck-clause", c)]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "-p", "conformance.selfcheck.clause_filter", "--selfcheck-shrink-seconds", "2",
+               "--zmq-reruns", "0",
                *clauses, "--rootdir", str(SUITE), str(SUITE)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
                             check=False)

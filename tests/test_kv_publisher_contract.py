@@ -28,6 +28,7 @@ def _run(factory: str, tmp_path: Path, *clauses: str) -> dict[str, str]:
     report = tmp_path / "verdicts.json"
     command = [sys.executable, "-m", "conformance.cli", "run", "--contract", CONTRACT.name,
                "--transport", factory, "--json", str(report), "-q", "--hypothesis-seed", "1",
+               "--reruns", "0", "-n", "1",  # a kill needs one failure; one worker suffices
                "--", "-p", "no:cacheprovider", "-p", "conformance.selfcheck.clause_filter",
                clause_filter.SHRINK_OPTION, "2"]
     for clause in clauses:

@@ -39,6 +39,7 @@ def _run_suite(factory: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, **{ENV_SUBSCRIBER: factory})
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "-p", "conformance.selfcheck.clause_filter", "--selfcheck-shrink-seconds", "2",
+               "--zmq-reruns", "0",
                "--rootdir", str(SUITE), str(SUITE), *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
                           check=False)

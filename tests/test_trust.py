@@ -22,7 +22,7 @@ import psutil
 import pytest
 from plugin_project import load_json, run_cli
 
-from conformance.clauses import CLAUSES
+from conformance.contracts.p2p.clauses import CLAUSES
 
 _MUTANTS = "conformance.contracts.p2p.transports"
 #: Far above what each narrowed run needs (seconds), far below a hang.
