@@ -55,8 +55,10 @@ DEFECTS = (
     Defect("message duplicated on reconnect", catalog.DuplicatesOnReconnect, ("MSG-2",)),
 )
 
-#: Budget for one hunt: examples and steps per example.
-MAX_EXAMPLES = 300
+#: Budget for one hunt: examples and steps per example. A hunt ends at its first
+#: find, so the budget costs time only when a defect is missed; the race-shaped
+#: defects need more examples on a loaded machine (one missed 341 under -n 2).
+MAX_EXAMPLES = 800
 STEPS = 25
 
 
