@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from conformance.harness import Connection, Node
+from conformance.harness import Connection, Node, handshake, receive
 from conformance.spec import TransportSpec
 
 __all__ = [
@@ -40,10 +40,16 @@ __all__ = [
     "Deaths",
     "Heartbeat",
     "Mailbox",
+    "Recorder",
     "Tarpit",
+    "greet_both_ways",
     "heartbeat_for",
+    "report",
     "watch_deaths",
 ]
+
+#: pytest's ``record_property``.
+Recorder = Callable[[str, object], None]
 
 #: Scheduling slack on top of the detection window (see the module docstring).
 SLACK_MS = 250
@@ -385,3 +391,21 @@ class Tarpit:
         del conns[sock]
         with self._lock:
             held.closed_at = time.monotonic()
+
+
+def greet_both_ways(a: Node, b: Node) -> tuple[Connection, Connection]:
+    """``a`` connects to ``b`` and both greet: the connection works both ways."""
+    a_out, b_in = handshake(a, b, hello={"hello": "a"})
+    b_in.send({"hello": "b"})
+    got = receive(a_out, 1, nodes=[b], what="b's answer on the inbound connection, at a")
+    assert got == [{"hello": "b"}], f"a received {got!r} instead of b's answer"
+    return a_out, b_in
+
+
+def report(record: Recorder, clause: str, text: str, **values: object) -> str:
+    """Record ``values`` as properties and print one line; returns the line."""
+    for key, value in values.items():
+        record(key, value)
+    line = f"{clause}: {text} " + ", ".join(f"{k}={v}" for k, v in values.items())
+    print(line)
+    return line

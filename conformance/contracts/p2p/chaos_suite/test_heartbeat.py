@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,16 +36,18 @@ from conformance.contracts.p2p.chaos_suite._support import (
     Deaths,
     Heartbeat,
     Mailbox,
+    Recorder,
     Tarpit,
+    greet_both_ways,
     heartbeat_for,
+    report,
     watch_deaths,
 )
-from conformance.harness import Connection, Node, handshake, receive, wait_inbound, wait_until
+from conformance.harness import Connection, Node, wait_inbound, wait_until
 from conformance.spec import TransportSpec
 
 pytestmark = pytest.mark.chaos
 
-Recorder = Callable[[str, object], None]
 
 #: Messages sent in each direction after a reconnect (HB-5, HB-7).
 _BATCH = 20
@@ -58,20 +59,9 @@ _BATCH = 20
 def _pair(cluster: ChaosCluster) -> tuple[Node, Node, Connection, Connection]:
     """Nodes ``a`` and ``b`` with a connection established both ways."""
     a, b = cluster.add_node("a"), cluster.add_node("b")
-    a_out, b_in = handshake(a, b, hello={"hello": "a"})
-    b_in.send({"hello": "b"})
-    got = receive(a_out, 1, nodes=[b], what="b's answer on the inbound connection, at a")
-    assert got == [{"hello": "b"}], f"a received {got!r} instead of b's answer"
+    a_out, b_in = greet_both_ways(a, b)
     return a, b, a_out, b_in
 
-
-def _report(record: Recorder, clause: str, text: str, **values: object) -> str:
-    """Record ``values`` as properties and print one line; returns the line."""
-    for key, value in values.items():
-        record(key, value)
-    line = f"{clause}: {text} " + ", ".join(f"{k}={v}" for k, v in values.items())
-    print(line)
-    return line
 
 
 def _check_detection(
@@ -101,7 +91,7 @@ def _check_detection(
         window_ms=f"[{hb.earliest_ms if lower_bound else 0}, {round(latest)}]",
         granularity_ms=round(deaths.granularity_ms, 1),
     )
-    line = _report(record, clause, f"{what} ({hb.describe()}):", **values)
+    line = report(record, clause, f"{what} ({hb.describe()}):", **values)
     for side in ("a", "b"):
         assert side in times, (
             f"{clause}: {what} was never detected by {side} (its connection stayed alive "
@@ -242,7 +232,7 @@ def test_hb2_latency_and_jitter_below_timeout_cause_no_false_death(
     }
     if deaths.at:
         died = {side: round(ms) for side, ms in deaths.after(fault.in_place_at).items()}
-        line = _report(record_property, "HB-2", "latency below the timeout:",
+        line = report(record_property, "HB-2", "latency below the timeout:",
                        false_death_ms=died, **values)
         pytest.fail(
             f"HB-2: false death under latency {latency} +- {jitter} ms (below the timeout "
@@ -267,7 +257,7 @@ def test_hb2_latency_and_jitter_below_timeout_cause_no_false_death(
     assert at_a.values("seq") == list(range(len(sent_at))), (
         f"HB-2: under latency a received echoes {at_a.values('seq')}, b sent 0..{len(sent_at) - 1}"
     )
-    line = _report(record_property, "HB-2", "latency below the timeout, no false death:",
+    line = report(record_property, "HB-2", "latency below the timeout, no false death:",
                    rtt_min_ms=round(min(rtts)), rtt_median_ms=round(statistics.median(rtts)),
                    rtt_max_ms=round(max(rtts)), **values)
     # Not vacuous: every byte crossed the delaying proxies (once in each direction).
@@ -348,7 +338,7 @@ def test_hb5_reconnect_after_heal_works_both_ways(
     ba_done = _await_batch(at_a, ba, nodes=[a, b], deadline=deadline, clause="HB-5",
                            what=f"b -> a on the reconnected connection after the {kind} healed")
     assert new_out.alive and b_new.alive, "HB-5: the reconnected connection died after the heal"
-    _report(record_property, "HB-5", f"recovery after {kind}:",
+    report(record_property, "HB-5", f"recovery after {kind}:",
             recovery_ms=round((ab_done - healed_at) * 1000),
             both_ways_ms=round((ba_done - healed_at) * 1000),
             bound_ms=hb.recovery_bound_ms)
@@ -416,7 +406,7 @@ def test_hb6_sliced_and_throttled_links_deliver_intact(
     }
     if done_at:
         values["delivery_ms"] = round((done_at[0] - fault.in_place_at) * 1000)
-    line = _report(record_property, "HB-6", f"{kind} link:", **values)
+    line = report(record_property, "HB-6", f"{kind} link:", **values)
     assert not deaths.at, (
         f"HB-6: a connection died on the {kind} link at "
         f"{ {s: round(ms) for s, ms in deaths.after(fault.in_place_at).items()} } ms "
@@ -537,7 +527,7 @@ def test_hb7_node_restarted_behind_partition_reachable_after_heal(
                  what="a -> restarted b after the heal")
     _await_batch(at_a, ba, nodes=[a, b], deadline=deadline + 1.0, clause="HB-7",
                  what="restarted b -> a after the heal")
-    _report(record_property, "HB-7", f"restart behind a partition, healed {heal}:",
+    report(record_property, "HB-7", f"restart behind a partition, healed {heal}:",
             a_half_open_at_heal=half_open,
             b_reaches_a_ms=round((b_reached - healed_at) * 1000),
             a_reaches_b_ms=round((a_reached - healed_at) * 1000),
@@ -616,7 +606,7 @@ def test_hb7_replaced_node_reachable_after_tarpit_swallowed_handshake(
         if reached is None or reached > deadline:
             took = (f"only after {(reached - replaced_at) * 1000:.0f} ms" if reached is not None
                     else f"not within {(overtime - replaced_at) * 1000:.0f} ms")
-            line = _report(record_property, "HB-7", "replaced node after a tarpit:",
+            line = report(record_property, "HB-7", "replaced node after a tarpit:",
                            recovery_ms=(round((reached - replaced_at) * 1000)
                                         if reached is not None else None), **values)
             pytest.fail(
@@ -634,7 +624,7 @@ def test_hb7_replaced_node_reachable_after_tarpit_swallowed_handshake(
         conn.send(msg)
     _await_batch(at_b, ab, nodes=[a, b], deadline=time.monotonic() + 2.0, clause="HB-7",
                  what="a -> replaced b after the tarpit")
-    _report(record_property, "HB-7", "replaced node after a tarpit:",
+    report(record_property, "HB-7", "replaced node after a tarpit:",
             recovery_ms=round((reached - replaced_at) * 1000), **values)
 
 

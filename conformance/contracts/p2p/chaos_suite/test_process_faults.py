@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,17 +37,19 @@ from conformance.contracts.p2p.chaos_suite._support import (
     SLACK_MS,
     Heartbeat,
     Mailbox,
+    Recorder,
+    greet_both_ways,
     heartbeat_for,
+    report,
     watch_deaths,
 )
 from conformance.contracts.p2p.machines import run_machine
 from conformance.contracts.p2p.process_machine import ProcessChaosMachine
-from conformance.harness import Connection, Node, handshake, receive, wait_inbound, wait_until
+from conformance.harness import Connection, Node, receive, wait_inbound, wait_until
 from conformance.spec import TransportSpec
 
 pytestmark = pytest.mark.chaos
 
-Recorder = Callable[[str, object], None]
 
 #: Messages sent each way after a recovery.
 _BATCH = 20
@@ -65,19 +67,9 @@ def process_cluster(zmq_transport_spec: TransportSpec) -> Iterator[ProcessCluste
 def _pair(cluster: ProcessCluster) -> tuple[Node, Node, Connection, Connection]:
     """Observer ``a``, target ``b`` (own process), a connection established both ways."""
     a, b = cluster.add_node("a"), cluster.add_target("b")
-    a_out, b_in = handshake(a, b, hello={"hello": "a"})
-    b_in.send({"hello": "b"})
-    got = receive(a_out, 1, nodes=[b], what="b's answer on the inbound connection, at a")
-    assert got == [{"hello": "b"}], f"a received {got!r} instead of b's answer"
+    a_out, b_in = greet_both_ways(a, b)
     return a, b, a_out, b_in
 
-
-def _report(record: Recorder, clause: str, text: str, **values: object) -> str:
-    for key, value in values.items():
-        record(key, value)
-    line = f"{clause}: {text} " + ", ".join(f"{k}={v}" for k, v in values.items())
-    print(line)
-    return line
 
 
 def _numbered(tag: str, count: int) -> list[dict[str, Any]]:
@@ -161,7 +153,7 @@ def test_proc1_paused_node_marked_dead_within_heartbeat_window(
     if detected_ms is not None:
         values["detection_ms"] = round(detected_ms)
         values["detection_vs_timeout"] = round(detected_ms / hb.timeout_ms, 2)
-    line = _report(record_property, "PROC-1", f"pause (SIGSTOP) of b ({hb.describe()}):",
+    line = report(record_property, "PROC-1", f"pause (SIGSTOP) of b ({hb.describe()}):",
                    **values)
     assert detected_ms is not None, (
         f"PROC-1: a never marked its connection to the paused b dead within "
@@ -194,7 +186,7 @@ def test_proc1_short_pause_causes_no_death(
     watched_until = time.monotonic() + (hb.timeout_ms + hb.ivl_ms) / 1000
     deaths = watch_deaths({"a": a_out, "b": b_in}, nodes=[a, b], until=watched_until,
                           stop_when_all_dead=False)
-    line = _report(record_property, "PROC-1", "short pause:",
+    line = report(record_property, "PROC-1", "short pause:",
                    pause_ms=round(pause_ms), paused_ms=round(fault.duration_ms or 0),
                    below_ms=hb.earliest_ms, timeout_ms=hb.timeout_ms,
                    false_death=sorted(deaths.at))
@@ -234,7 +226,7 @@ def test_proc2_resumed_node_learns_its_connections_died_and_both_converge(
     }
     if "b" in learned.at:
         values["learned_ms"] = round((learned.at["b"] - resumed_at) * 1000)
-    line = _report(record_property, "PROC-2", "after SIGCONT:", **values)
+    line = report(record_property, "PROC-2", "after SIGCONT:", **values)
     assert "b" in learned.at, (
         f"PROC-2: after SIGCONT, b still believes its connection to a is alive "
         f"{hb.recovery_bound_ms} ms later, although a declared it dead {detected_ms:.0f} ms "
@@ -242,7 +234,7 @@ def test_proc2_resumed_node_learns_its_connections_died_and_both_converge(
     )
     _, _, done = _converge(a, b, b_in, deadline=deadline, clause="PROC-2",
                            what="the resume")
-    _report(record_property, "PROC-2", "converged:",
+    report(record_property, "PROC-2", "converged:",
             recovery_ms=round((done - resumed_at) * 1000), bound_ms=hb.recovery_bound_ms)
 
 
@@ -262,7 +254,7 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
     if detected_ms is not None:
         values["detection_ms"] = round(detected_ms)
         values["detection_vs_timeout"] = round(detected_ms / hb.timeout_ms, 2)
-    line = _report(record_property, "PROC-3", "kill (SIGKILL) of b:", **values)
+    line = report(record_property, "PROC-3", "kill (SIGKILL) of b:", **values)
     assert detected_ms is not None and detected_ms <= latest, (
         f"PROC-3: a did not mark its connection to the killed b dead within {latest:.0f} ms "
         f"(timeout + interval + slack). {line}"
@@ -271,7 +263,7 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
     at_once_ms = hb.ivl_ms + SLACK_MS
     _, _, done = _converge(a, b, None, deadline=built_at + at_once_ms / 1000, clause="PROC-3",
                            what="the replacement process started on the same port")
-    _report(record_property, "PROC-3", "replacement reachable:",
+    report(record_property, "PROC-3", "replacement reachable:",
             reachable_ms=round((done - built_at) * 1000), bound_ms=at_once_ms)
 
 
