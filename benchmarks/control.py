@@ -36,37 +36,43 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 
 
-def _raw_round_trips(seconds: float) -> float:
-    """REQ/REP round trips per second, REP polled in a thread (the baseline)."""
+def _raw_loop(
+    seconds: float,
+    server_type: int,
+    answer: Callable[[zmq.Socket[bytes]], None],
+    client_type: int,
+    round_trip: Callable[[zmq.Socket[bytes], int], None],
+) -> float:
+    """Round trips per second between a raw client and a raw server polled in a
+    thread: ``answer`` reads one request and replies, ``round_trip`` sends
+    request ``n`` and waits for its reply."""
     from conformance.harness import free_port
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    rep = ctx.socket(zmq.REP)
-    rep.setsockopt(zmq.LINGER, 0)
-    rep.bind(endpoint)
+    server = ctx.socket(server_type)
+    server.setsockopt(zmq.LINGER, 0)
+    server.bind(endpoint)
     stop = threading.Event()
 
     def serve() -> None:
         poller = zmq.Poller()
-        poller.register(rep, zmq.POLLIN)
+        poller.register(server, zmq.POLLIN)
         while not stop.is_set():
             if poller.poll(10):
-                request = _DECODER.decode(rep.recv())
-                rep.send(_ENCODER.encode({"nonce": request.get("nonce")}))
+                answer(server)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    req = ctx.socket(zmq.REQ)
-    req.setsockopt(zmq.LINGER, 0)
-    req.connect(endpoint)
+    client = ctx.socket(client_type)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(endpoint)
     count = 0
     try:
         deadline = time.perf_counter() + seconds
         started = time.perf_counter()
         while time.perf_counter() < deadline:
-            req.send(_ENCODER.encode({"type": "ECHO", "nonce": count}))
-            _DECODER.decode(req.recv())
+            round_trip(client, count)
             count += 1
         elapsed = time.perf_counter() - started
     finally:
@@ -74,6 +80,30 @@ def _raw_round_trips(seconds: float) -> float:
         thread.join(5)
         ctx.destroy(linger=0)
     return count / elapsed
+
+
+def _echo(payload: bytes) -> bytes:
+    """The reply of every raw loop: the request's nonce."""
+    return _ENCODER.encode({"nonce": _DECODER.decode(payload).get("nonce")})
+
+
+def _answer_rep(rep: zmq.Socket[bytes]) -> None:
+    rep.send(_echo(rep.recv()))
+
+
+def _answer_router(router: zmq.Socket[bytes]) -> None:
+    frames = router.recv_multipart()
+    router.send_multipart([*frames[:-1], _echo(frames[-1])])
+
+
+def _raw_round_trips(seconds: float) -> float:
+    """REQ/REP round trips per second, REP polled in a thread (the baseline)."""
+
+    def round_trip(req: zmq.Socket[bytes], n: int) -> None:
+        req.send(_ENCODER.encode({"type": "ECHO", "nonce": n}))
+        _DECODER.decode(req.recv())
+
+    return _raw_loop(seconds, zmq.REP, _answer_rep, zmq.REQ, round_trip)
 
 
 def _raw_router_round_trips(seconds: float) -> float:
@@ -82,45 +112,13 @@ def _raw_router_round_trips(seconds: float) -> float:
     Separates what ROUTER/DEALER framing costs in pyzmq (one call, and one
     release of the GIL, per frame) from what the reference adds to it.
     """
-    from conformance.harness import free_port
 
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(endpoint)
-    stop = threading.Event()
+    def round_trip(dealer: zmq.Socket[bytes], n: int) -> None:
+        dealer.send_multipart([n.to_bytes(8, "big"), b"",
+                               _ENCODER.encode({"type": "ECHO", "nonce": n})])
+        _DECODER.decode(dealer.recv_multipart()[-1])
 
-    def serve() -> None:
-        poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        while not stop.is_set():
-            if poller.poll(10):
-                frames = router.recv_multipart()
-                request = _DECODER.decode(frames[-1])
-                router.send_multipart([*frames[:-1],
-                                       _ENCODER.encode({"nonce": request.get("nonce")})])
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(endpoint)
-    count = 0
-    try:
-        deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
-        while time.perf_counter() < deadline:
-            dealer.send_multipart([count.to_bytes(8, "big"), b"",
-                                   _ENCODER.encode({"type": "ECHO", "nonce": count})])
-            _DECODER.decode(dealer.recv_multipart()[-1])
-            count += 1
-        elapsed = time.perf_counter() - started
-    finally:
-        stop.set()
-        thread.join(5)
-        ctx.destroy(linger=0)
-    return count / elapsed
+    return _raw_loop(seconds, zmq.ROUTER, _answer_router, zmq.DEALER, round_trip)
 
 
 def _reference_round_trips(seconds: float) -> float:
