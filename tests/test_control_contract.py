@@ -2,28 +2,29 @@
 
 The reference passes every clause through the CLI, as a user runs it; each
 mutant of :data:`conformance.contracts.control.mutants.CATALOG` fails a test
-of the clause it targets, with a message naming that clause. Each run is a
-separate pytest process (parametrized, so ``pytest -n auto`` spreads them),
-limited to the target clause's tests and with Hypothesis shrinking capped:
-the kill matters here, not the minimal example.
+of the clause it targets, with a message naming that clause. The mutants run
+in pytest children shared through :mod:`_selfcheck_batch`, limited to the
+target clauses' tests and without shrinking (the kill matters here, not the
+minimal example); the one whose stalled server leaves a thread blocked in a
+send runs alone.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _selfcheck_batch import assert_killed, groups, outcome
 
 from conformance.contracts import CONTRACTS
 from conformance.contracts.control.clauses import CLAUSES
-from conformance.contracts.control.fixtures import ENV_TARGET
 from conformance.contracts.control.mutants import CATALOG
 from conformance.selfcheck.mutants import Mutant, validate
 
 SUITE = Path(__file__).resolve().parents[1] / "conformance/contracts/control/suite"
+_GROUPS = groups("control", SUITE, CATALOG, alone=("ctl_blocking_reply_send",))
 
 
 def test_registry_entry_and_catalog() -> None:
@@ -45,19 +46,9 @@ def test_reference_passes_the_contract_through_the_cli(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mutant", CATALOG, ids=lambda m: m.name)
-def test_mutant_is_killed_by_its_clause(mutant: Mutant) -> None:
-    env = dict(os.environ, **{ENV_TARGET: mutant.factory})
-    clauses = [arg for c in mutant.clauses for arg in ("--selfcheck-clause", c)]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "-p", "conformance.selfcheck.clause_filter", "--selfcheck-shrink-seconds", "2",
-               "--zmq-reruns", "0",
-               *clauses, "--rootdir", str(SUITE), str(SUITE)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
-                            check=False)
-    assert result.returncode == 1, (
-        f"{mutant.name} survived {', '.join(mutant.clauses)}:\n{result.stdout[-3000:]}")
+def test_mutant_is_killed_by_its_clause(mutant: Mutant, tmp_path_factory: pytest.TempPathFactory,
+                                        worker_id: str) -> None:
+    got = outcome(_GROUPS[mutant.name], tmp_path_factory, worker_id)
     # A failure names its clause, or is a call the watchdog caught (a "blocked" verdict
     # of the test's clause: the stalled server of ctl_blocking_reply_send).
-    named = any(f"{c}:" in result.stdout for c in mutant.clauses)
-    assert named or "CallBlocked" in result.stdout, (
-        f"{mutant.name}: no failure names {', '.join(mutant.clauses)}:\n{result.stdout[-3000:]}")
+    assert_killed(mutant.name, mutant.clauses, got, blocked_counts=True)

@@ -13,6 +13,13 @@ failure (its own cap is five minutes). Against a mutant, a failing example
 often waits out a harness deadline, so every shrink step costs seconds; the
 self-check needs the kill, not the minimal example. The cap is Hypothesis's
 module constant ``MAX_SHRINKING_SECONDS``, patched in this process only.
+``0`` skips shrinking altogether on the kept ``@given`` tests (their shrink and
+explain phases are dropped, and so is the example database): a failing example
+is then reported after two runs (the failure and Hypothesis's replay of it),
+which is what a kill needs.
+
+Among tests of equal breadth, plain tests run before ``@given`` ones: a plain
+test fails after one run, a ``@given`` one after at least two.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         SHRINK_OPTION, type=int, default=None, metavar="SECONDS",
         dest="selfcheck_shrink_seconds",
-        help="cap Hypothesis shrinking at SECONDS per failing test",
+        help="cap Hypothesis shrinking at SECONDS per failing test (0: no shrinking)",
     )
 
 
@@ -48,11 +55,14 @@ def pytest_configure(config: pytest.Config) -> None:
         warnings.warn(f"{SHRINK_OPTION}: this Hypothesis has no MAX_SHRINKING_SECONDS; "
                       "shrinking is not capped", stacklevel=1)
         return
-    engine.MAX_SHRINKING_SECONDS = max(1, seconds)
+    engine.MAX_SHRINKING_SECONDS = max(0, seconds)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("selfcheck_shrink_seconds") == 0:
+        for item in items:
+            _without_shrinking(item)
     wanted = set(config.getoption("selfcheck_clauses") or ())
     if not wanted:
         return
@@ -69,5 +79,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=drop)
 
 
-def _breadth(item: pytest.Item) -> int:
-    return len({value for marker in item.iter_markers("clause") for value in marker.args})
+def _breadth(item: pytest.Item) -> tuple[int, bool]:
+    clauses = {value for marker in item.iter_markers("clause") for value in marker.args}
+    return len(clauses), _is_given(item)
+
+
+def _is_given(item: pytest.Item) -> bool:
+    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+
+
+def _without_shrinking(item: pytest.Item) -> None:
+    """Drop the shrink and explain phases from a ``@given`` test's settings, and its
+    example database: the run is decided by the seed alone, not by failures saved by
+    earlier runs (each would be replayed first, and each failure of a mutant can
+    cost a harness deadline). Hypothesis reads the settings at call time."""
+    if not _is_given(item):
+        return
+    from hypothesis import Phase, settings
+
+    test = item.obj  # type: ignore[attr-defined]
+    current = test._hypothesis_internal_use_settings
+    phases = [p for p in current.phases if p not in (Phase.shrink, Phase.explain)]
+    test._hypothesis_internal_use_settings = settings(current, phases=phases, database=None)

@@ -153,11 +153,15 @@ class ReplayClient:
         self.send([b"", start.to_bytes(SEQ_BYTES, "big", signed=True)])
 
     def read(self, *, timeout: float = PATIENCE_S, clause: str,
-             pump: Callable[[], object] | None = None) -> tuple[list[tuple[int, bytes]], bool]:
+             pump: Callable[[], object] | None = None,
+             newest: int | None = None) -> tuple[list[tuple[int, bytes]], bool]:
         """Answers up to the end marker: ``([(seq, payload), ...], ended)``.
 
         ``ended`` is False when no end marker came within ``timeout`` of the
-        last answer. A malformed answer fails ``clause``.
+        last answer. A malformed answer fails ``clause``, and so does, at once,
+        an answer past ``newest`` (the newest seq published, when the caller
+        knows nothing newer can be replayed): no wait for an end marker can
+        make such a replay right.
         """
         answers: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + timeout
@@ -182,6 +186,13 @@ class ReplayClient:
                 f"{clause}: replay answer with seq {seq} (frame {frames[1].hex()}): the end "
                 f"marker is -1 as a signed 8-byte integer ({END_MARKER_SEQ.hex()})"
             )
+            if newest is not None and seq > newest:
+                hint = (" (an empty payload: the end marker written unsigned? It is -1 as a "
+                        f"signed 8-byte integer, {END_MARKER_SEQ.hex()})" if not frames[2] else "")
+                raise AssertionError(
+                    f"{clause}: replay answer with seq {seq} (frame {frames[1].hex()}) after "
+                    f"{len(answers)} answers, but the newest published seq is {newest}{hint}"
+                )
             answers.append((seq, frames[2]))
             deadline = time.monotonic() + timeout
         return answers, False

@@ -225,8 +225,8 @@ def _publish_and_settle(rig: Rig, count: int) -> None:
 
 def _check_replay(rig: Rig, client: ReplayClient, start: int, clause: str,
                   retained: int | None) -> None:
-    answers, ended = client.read(clause=clause)
     newest = len(rig.model) - 1
+    answers, ended = client.read(clause=clause, newest=newest)
     oldest = 0 if retained is None else max(0, newest - retained + 1)
     first = max(start, oldest)
     want = list(range(first, newest + 1))

@@ -1,0 +1,118 @@
+"""Run a family's mutants in a few pytest children, once per test session.
+
+A pytest child costs about a second before its first test; one per mutant
+was most of what the family contract tests spent. Here the mutants of a
+catalog are split into groups: the well-behaved ones share one child
+(:mod:`conformance.selfcheck.batch`), and each mutant that hangs a call,
+kills a thread or leaks a context gets a child of its own, so it cannot take
+another mutant's verdict with it. Each group runs once per session: under
+``pytest -n auto`` the first worker that needs a group runs it under a file
+lock and the others read its report.
+
+The per-mutant tests stay in the test modules and assert on the group's
+report: the mutant's target tests failed, with a message naming its clause.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.selfcheck import batch, clause_filter
+
+#: One test's outcome in a group's report: test id, phase, outcome, failure text.
+Result = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Mutants that share one pytest child (``(name, factory, clauses)`` each)."""
+
+    key: str
+    contract: str
+    suite: Path
+    mutants: tuple[tuple[str, str, tuple[str, ...]], ...]
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    results: dict[str, list[Result]]
+    output: str
+
+
+def groups(contract: str, suite: Path, catalog: Iterable[Any], *, alone: Sequence[str] = (),
+           extra: dict[str, tuple[str, ...]] | None = None) -> dict[str, Group]:
+    """Each mutant's group: the ones named in ``alone`` by themselves, the rest together.
+
+    ``extra`` adds pytest arguments to the group of a mutant (``--zmq-chaos``).
+    """
+    extra = extra or {}
+    entries = [(m.name, m.factory, tuple(m.clauses)) for m in catalog]
+    shared = tuple(e for e in entries if e[0] not in alone)
+    shared_extra = tuple(dict.fromkeys(a for e in shared for a in extra.get(e[0], ())))
+    out: dict[str, Group] = {}
+    for entry in entries:
+        if entry[0] in alone:
+            out[entry[0]] = Group(f"{contract}-{entry[0]}", contract, suite, (entry,),
+                                  extra.get(entry[0], ()))
+        else:
+            out[entry[0]] = Group(f"{contract}-shared", contract, suite, shared, shared_extra)
+    return out
+
+
+def outcome(group: Group, factory: pytest.TempPathFactory, worker_id: str) -> Outcome:
+    """The group's report, running its child unless this session already did."""
+    base = factory.getbasetemp()
+    # Under xdist the parent of a worker's basetemp is this session's, shared by all
+    # workers; without xdist the basetemp itself is this session's.
+    shared = base.parent if worker_id != "master" else base
+    report = shared / f"selfcheck-{group.key}.json"
+    with open(shared / f"selfcheck-{group.key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not report.exists():
+            _run(group, report, shared)
+    data = json.loads(report.read_text())
+    return Outcome(data["results"], data["output"])
+
+
+def _run(group: Group, report: Path, where: Path) -> None:
+    spec = where / f"selfcheck-{group.key}-mutants.json"
+    spec.write_text(json.dumps([{"name": n, "factory": f, "clauses": list(c)}
+                                for n, f, c in group.mutants]))
+    results = where / f"selfcheck-{group.key}-results.json"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "--zmq-contract", group.contract, "--zmq-reruns", "0", "--hypothesis-seed", "1",
+               "-p", "conformance.selfcheck.clause_filter", clause_filter.SHRINK_OPTION, "0",
+               "-p", "conformance.selfcheck.batch", batch.BATCH_OPTION, str(spec),
+               batch.REPORT_OPTION, str(results), *group.extra,
+               "--rootdir", str(group.suite), str(group.suite)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    output = proc.stdout[-6000:] + proc.stderr[-2000:]
+    data = json.loads(results.read_text()) if results.exists() else {}
+    report.write_text(json.dumps({"results": data, "output": output}))
+
+
+def assert_killed(name: str, clauses: Sequence[str], got: Outcome, *,
+                  blocked_counts: bool = False) -> None:
+    """``name`` failed a test of one of ``clauses`` with a message naming the clause
+    (or, with ``blocked_counts``, a call the watchdog caught: a ``blocked`` verdict)."""
+    results = got.results.get(name)
+    assert results is not None, f"{name}: no report from its run:\n{got.output}"
+    failures = [r for r in results if r["outcome"] == "failed"]
+    assert failures, f"{name} survived {', '.join(clauses)}: {results}\n{got.output}"
+    named = [r for r in failures
+             if any(f"{c}:" in r["text"] for c in clauses)
+             or (blocked_counts and "CallBlocked" in r["text"])]
+    assert named, (
+        f"{name}: no failure names {', '.join(clauses)}:\n"
+        + "\n".join(r["text"][-2000:] for r in failures)
+    )
