@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import zmq
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from conformance import profiles
@@ -210,6 +210,7 @@ def test_ctl2_no_delimiter_and_raw_tcp_garbage(control_spec: ControlSpec) -> Non
 
 @pytest.mark.clause("CTL-3")
 @profiles.suite_settings()
+@example(plan=[FAIL, BAD, ECHO])  # both kinds of failing handler, then a success: every run
 @given(plan=st.lists(st.sampled_from([FAIL, BAD, ECHO]), min_size=1, max_size=6))
 def test_ctl3_raising_handlers_get_error_replies(
     control_spec: ControlSpec, plan: list[str]

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from conformance import resources, watchdog
@@ -334,6 +334,8 @@ _HOSTILE: dict[str, list[bytes]] = {
 
 @pytest.mark.clause("EVT-6")
 @suite_settings()
+# Every malformed request shape, on every run (a kill in one run, not two).
+@example(kinds=list(_HOSTILE))
 @given(kinds=st.lists(st.sampled_from([*_HOSTILE, "flood", "gone-mid-replay"]), min_size=1,
                       max_size=5))
 def test_hostile_replay_requests_stop_nothing(kv_publisher_spec: PublisherSpec,

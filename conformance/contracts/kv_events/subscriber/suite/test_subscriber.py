@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance import profiles
@@ -103,6 +103,7 @@ def test_every_batch_once_in_order(
 
 @pytest.mark.clause("EVS-2")
 @_settings(cap=8)
+@example(before=1, lost=2, after=1)  # on every run (a kill in one run, not two)
 @given(before=st.integers(1, 4), lost=st.integers(1, 4), after=st.integers(1, 4))
 def test_end_marker_is_signed_minus_one(
     kv_subscriber_spec: SubscriberSpec, before: int, lost: int, after: int
@@ -145,6 +146,7 @@ def test_end_marker_is_signed_minus_one(
 
 @pytest.mark.clause("EVS-3")
 @_settings(cap=8)
+@example(before=1, missing=2, mode="silent", partial=1)  # on every run (a kill in one run)
 @given(
     before=st.integers(1, 3),
     missing=st.integers(1, 5),
