@@ -155,6 +155,8 @@ class ServerRunner:
         self.close_error: BaseException | None = None
         self.rounds = 0
         self._in_call: tuple[str, float] | None = None
+        #: A call overran the limit and :meth:`check` said so: the verdict stands.
+        self._reported_block = False
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._build_error: BaseException | None = None
@@ -208,13 +210,21 @@ class ServerRunner:
             ) from self.error
         current = self._in_call
         if current is not None and time.monotonic() - current[1] > self.limit:
+            self._reported_block = True
             raise CallBlocked(f"server.{current[0]} on {self.endpoint}", self.limit)
 
     def stop(self) -> None:
-        """End the loop and close the server (in its thread); wait up to the limit."""
+        """End the loop and close the server (in its thread); wait up to the limit.
+
+        Once :meth:`check` has reported a blocked call, the test's verdict stands on
+        that full-limit block, so the wait is cut to
+        :data:`conformance.watchdog.AFTER_BLOCK_LIMIT_S` (as the watchdog cuts every
+        later guard of the test): the stuck call is not waited out a second time.
+        """
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(self.limit + SERVE_ROUND_MS / 1000)
+            wait = watchdog.AFTER_BLOCK_LIMIT_S if self._reported_block else self.limit
+            self._thread.join(wait + SERVE_ROUND_MS / 1000)
         if self._thread.is_alive():
             what = self._in_call[0] if self._in_call else "serve()"
             raise CallBlocked(f"server.{what} on {self.endpoint} (while stopping)", self.limit)
