@@ -185,13 +185,15 @@ class HostilePeer:
             sent += 1
         return sent
 
-    def close(self) -> None:
+    def close(self, *, linger_ms: int = 0) -> None:
+        """Close the peer; ``linger_ms`` > 0 lets libzmq flush what is queued first
+        (in the background, for at most that long) before the TCP connection closes."""
         # Stop the monitor, close the socket, then the monitor's reader:
         # closing the reader first can hang libzmq's teardown.
         if self._monitor is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self.socket.disable_monitor()
-        self.socket.close(linger=0)
+        self.socket.close(linger=linger_ms)
         if self._monitor is not None:
             self._monitor.close(linger=0)
 

@@ -62,6 +62,19 @@ MAX_EXAMPLES = 800
 STEPS = 25
 
 
+class _Found(BaseException):
+    """Ends a hunt at its first failure.
+
+    Not an ``Exception``: Hypothesis lets it through instead of replaying the
+    failing example to report it, and the replay of a lost message waits out
+    the settle deadline (5 s) a second time.
+    """
+
+    def __init__(self, failure: AssertionError) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
 @dataclass
 class Hunt:
     found: bool
@@ -79,7 +92,9 @@ def hunt(spec: TransportSpec, *, seed_value: int, shrink: bool,
 
     ``examples`` counts machines built up to the first failure when
     ``shrink`` is False; ``steps`` is the length of the printed (shrunk, when
-    ``shrink``) counterexample, teardown excluded.
+    ``shrink``) counterexample, teardown excluded. Without ``shrink`` the hunt
+    ends at the first failure seen (the message is that failure's; nothing is
+    printed, so ``steps`` is 0).
     """
     built = [0]
 
@@ -88,6 +103,13 @@ def hunt(spec: TransportSpec, *, seed_value: int, shrink: bool,
             built[0] += 1
             super().__init__(spec)
 
+        def teardown(self) -> None:
+            try:
+                super().teardown()
+            finally:
+                if not shrink and self.failure_log:
+                    raise _Found(self.failure_log[0])
+
     Counting.__name__ = Counting.__qualname__ = "ClusterMachine"
     phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     settings = profiles.suite_settings(max_examples=max_examples, stateful_step_count=STEPS,
@@ -95,6 +117,8 @@ def hunt(spec: TransportSpec, *, seed_value: int, shrink: bool,
     started = time.monotonic()
     try:
         run_machine(lambda: Counting(spec), settings, seed=seed_value)
+    except _Found as found:
+        return Hunt(True, str(found.failure), built[0], time.monotonic() - started, 0)
     except AssertionError as exc:
         notes = [*getattr(exc, "__notes__", [])]
         cause = exc.__cause__

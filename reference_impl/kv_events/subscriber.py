@@ -33,6 +33,12 @@ thread is started. What it guarantees (the ``kv-events-subscriber`` contract):
   ``resync_idle_ms`` the subscriber asks for a replay from ``last + 1``, so
   batches lost while partitioned are recovered even if the publisher
   publishes nothing after the partition heals.
+- **No receive limit.** The SUB socket's queue is unbounded by default
+  (``rcvhwm=0``): libzmq 4.3 aborts the process (``!_io_error``,
+  stream_engine_base.cpp) when a heartbeated connection whose receive queue
+  is full is reset, i.e. when the publisher restarts while this subscriber
+  lags behind. A lagging subscriber therefore buffers in memory; a bound
+  (``rcvhwm > 0``) trades that for the crash.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ DEFAULT_REPLAY_ATTEMPTS: Final = 3
 DEFAULT_RESYNC_IDLE_MS: Final = 1000
 DEFAULT_HEARTBEAT_IVL_MS: Final = 500
 DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 1500
-DEFAULT_RCVHWM: Final = 100_000
+DEFAULT_RCVHWM: Final = 0
 #: Messages read per socket per turn of poll(): poll() returns under a flood, and a
 #: caller holds few decoded batches at once (large batches cost memory churn).
 _READ_SLICE: Final = 64
@@ -95,7 +101,8 @@ class KVEventSubscriber:
             batches it missed (0 disables).
         heartbeat_ivl_ms / heartbeat_timeout_ms: ZMTP heartbeats on the SUB
             socket (0 disables).
-        rcvhwm: the SUB socket's receive high-water mark (0: no limit).
+        rcvhwm: the SUB socket's receive high-water mark (0, the default: no
+            limit; a limit lets a publisher restart crash the process, see above).
         reconnect_ivl_ms: libzmq's reconnect interval.
     """
 

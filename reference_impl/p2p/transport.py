@@ -31,6 +31,17 @@ messages never arrive out of order across a reconnect. Plain ``"host:port"``
 identities (other implementations, raw peers) are still accepted, and
 ROUTER_HANDOVER stays on for them and for a DEALER that reconnects itself.
 
+Why receive queues are unbounded (``ZMQ_RCVHWM=0``): libzmq 4.3 aborts the
+whole process (``Assertion failed: !_io_error``, stream_engine_base.cpp) when
+a connection whose receive queue is full is reset by its peer while ZMTP
+heartbeats are on: the reset marks the stopped engine failed, and the next
+heartbeat timer writes to it. Any peer that floods faster than ``poll()``
+drains and then vanishes triggers it (SEC-1). With no receive limit the
+engine never stops reading, so the failing state cannot arise; the price is
+that a node which polls slower than its inbound rate buffers in memory
+instead of pushing back over TCP. Nothing honest is ever sent to a DEALER,
+so whatever a peer's ROUTER sends there is read and discarded in ``poll()``.
+
 Everything happens inside the caller's :meth:`ZmqTransport.poll`; the
 transport starts no Python threads. Each transport owns its own
 :class:`zmq.Context`, so :meth:`ZmqTransport.close` can release libzmq's I/O
@@ -241,7 +252,11 @@ class ZmqConnection(ControlConnection):
         self._inbox.append(msg)
 
     def _drain_monitor(self) -> None:
-        """Read pending monitor events; a disconnect means the peer is gone."""
+        """Read pending monitor events; a disconnect means the peer is gone.
+
+        Also discards whatever arrived on the DEALER (only a hostile peer
+        sends there), so its unbounded receive queue stays empty.
+        """
         if self._released:
             return
         monitor = self._monitor
@@ -252,6 +267,9 @@ class ZmqConnection(ControlConnection):
             if event == zmq.EVENT_DISCONNECTED and self._alive:
                 _log.info("connection to %s lost", self._peer_id)
                 self._alive = False
+        dealer = self._dealer
+        while _raw_get(dealer, _EVENTS) & _POLLIN:
+            _raw_recv(dealer, _NOBLOCK)
 
     def _release(self) -> None:
         if self._released:
@@ -624,6 +642,9 @@ class ZmqTransport(ControlTransport):
 
     def _apply_common_options(self, sock: zmq.Socket[bytes]) -> None:
         sock.setsockopt(zmq.LINGER, 0)
+        # Unbounded: a full receive queue plus a peer's reset aborts libzmq
+        # under heartbeats (see the module docstring).
+        sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
         sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_ttl_ms)

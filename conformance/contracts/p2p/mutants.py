@@ -114,6 +114,9 @@ FAILURE_MODES: Final[dict[str, FailureMode]] = _modes(
                 "the process killed inside a call (a libzmq assertion, SIGABRT or SIGSEGV)"),
     FailureMode("poll-spins",
                 "poll() spinning in a busy loop that never returns"),
+    FailureMode("bounded-queue-abort",
+                "a bounded receive queue under ZMTP heartbeats: a peer that fills it and "
+                "resets makes libzmq 4.3 abort the process (!_io_error)"),
     FailureMode("heartbeat-partially-applied",
                 "HEARTBEAT_IVL set without TIMEOUT/TTL, so the timeout silently equals the "
                 "interval"),
@@ -269,6 +272,10 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("poll_spins", "PollSpins",
        "poll() busy-waits forever once a connection is registered",
        "poll-spins", "CONN-1", "POLL-1"),
+    _m("bounded_receive_queue", "BoundedReceiveQueue",
+       "libzmq's default receive high-water mark (1,000) on heartbeated sockets: a peer "
+       "that fills the queue and vanishes aborts the process",
+       "bounded-queue-abort", "SEC-1"),
     # -- heartbeats under faults (chaos)
     _m("heartbeat_not_applied", "HeartbeatNotApplied",
        "no ZMTP heartbeat option on any socket",

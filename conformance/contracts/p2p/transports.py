@@ -65,6 +65,7 @@ from reference_impl.p2p.transport import (
 __all__ = [
     "AbortsInSend",
     "AssertsOnRegisteredEntry",
+    "BoundedReceiveQueue",
     "BytesArriveAsStr",
     "CloseAbandonsContext",
     "CloseForgetsByPeer",
@@ -811,6 +812,18 @@ class AbortsInSend(ZmqTransport):
     """``send()`` on an outbound connection kills the process (an assertion in C code)."""
 
     connection_class = _AbortingConnection
+
+
+class BoundedReceiveQueue(ZmqTransport):
+    """Every socket keeps libzmq's bounded receive queue, as most transports do.
+
+    Harmless until a peer fills the ROUTER's queue while the node is busy and
+    then closes: with heartbeats on, libzmq 4.3 then aborts the process.
+    """
+
+    def _apply_common_options(self, sock: zmq.Socket[bytes]) -> None:
+        super()._apply_common_options(sock)
+        sock.setsockopt(zmq.RCVHWM, 1000)  # MUTATION: libzmq's default, bounded
 
 
 class PollSpins(ZmqTransport):

@@ -109,6 +109,16 @@ class NoResync(KVEventSubscriber):
         super().__init__(endpoint, replay_endpoint, topic=topic, **options)
 
 
+class BoundedQueue(KVEventSubscriber):
+    """Keeps a bounded receive queue on its heartbeated SUB socket, as most
+    subscribers do: a publisher restart while it lags behind aborts the process."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *, topic: str = "",
+                 **options: Any) -> None:
+        options.update(rcvhwm=100_000)  # MUTATION: a bounded queue (the old default)
+        super().__init__(endpoint, replay_endpoint, topic=topic, **options)
+
+
 @dataclass(frozen=True)
 class SubscriberMutant:
     """A catalog entry: the factory, its defect, and the clause that must catch it."""
@@ -133,6 +143,9 @@ MUTANTS: Final[tuple[SubscriberMutant, ...]] = (
                      "a REQ replay socket left stuck after a timeout", ("EVS-3",)),
     SubscriberMutant("evs_restart_as_duplicates", f"{_M}:RestartAsDuplicates",
                      "a publisher restart taken for duplicates", ("EVS-4",)),
+    SubscriberMutant("evs_bounded_queue", f"{_M}:BoundedQueue",
+                     "a bounded receive queue: a publisher restart while it lags aborts it",
+                     ("EVS-4",)),
     SubscriberMutant("evs_decode_error_kills_loop", f"{_M}:DecodeErrorKillsLoop",
                      "a decode error escapes poll() and kills the loop", ("EVS-5",)),
     SubscriberMutant("evs_prefix_topic", f"{_M}:PrefixTopic",

@@ -353,9 +353,11 @@ class Session:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() >= deadline:
+                seqs = self.seqs()
+                shown = str(seqs) if len(seqs) <= 40 else (
+                    f"{seqs[:20]} ... {seqs[-20:]} ({len(seqs)} in all)")
                 raise AssertionError(f"{self.clause}: timed out after {timeout:.1f} s "
-                                     f"waiting for: {what}; delivered seqs "
-                                     f"{self.seqs()}")
+                                     f"waiting for: {what}; delivered seqs {shown}")
             self.poll_once()
 
     def drive_for(self, seconds: float) -> None:

@@ -214,6 +214,41 @@ def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: Transpor
         _honest_exchange(cluster, out, inbound, "after-flood")
 
 
+#: Messages a peer floods into a node that is not polling: more than any common receive
+#: high-water mark (libzmq's default is 1,000), few enough to sit in the TCP buffers, so
+#: the peer's close follows the last byte at once.
+_QUEUE_FILLER = 20_000
+
+
+@pytest.mark.clause("SEC-1")
+def test_peer_that_fills_the_queue_then_vanishes_cannot_crash_the_node(
+    zmq_transport_spec: TransportSpec,
+) -> None:
+    """A peer floods a node that is busy elsewhere (not polling), then closes; the node
+    lives on through the heartbeats that follow and still serves its honest peer.
+
+    libzmq 4.3 aborts the process here when the node's receive queue for that
+    peer is bounded and ZMTP heartbeats are on: the close marks the engine that
+    stopped reading (queue full) as failed, and the next heartbeat interval
+    writes to it (``Assertion failed: !_io_error``). The node is left unpolled
+    for three heartbeat intervals so that the timer fires; a crash is reported
+    as ``crashed``.
+    """
+    ivl_s = (zmq_transport_spec.heartbeat_ivl_ms or 100) / 1000
+    with Cluster(zmq_transport_spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        hostile = HostilePeer(b.local_id, sndhwm=0)
+        try:
+            sent = hostile.flood([os.urandom(16)], _QUEUE_FILLER)
+            assert sent == _QUEUE_FILLER, f"the flooding peer queued only {sent} messages"
+        finally:
+            # Flush the flood, then close: the connection ends right after its last byte.
+            hostile.close(linger_ms=2000)
+        cluster.drive(3 * ivl_s + 0.2, nodes=[a])  # b is left alone: its queue stays full
+        _honest_exchange(cluster, out, inbound, "after-a-vanished-flooder")
+
+
 @pytest.mark.clause("SEC-1")
 def test_flood_of_connections_and_raw_tcp(zmq_transport_spec: TransportSpec) -> None:
     """Many anonymous DEALERs and non-ZMTP TCP clients connect at once."""

@@ -12,13 +12,17 @@ capability, else 5 s), with one second of slack for a loaded machine.
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance import profiles
+from conformance.contracts.kv_events.spec import accepts
 from conformance.contracts.kv_events.subscriber.peer import (
+    SUITE_HEARTBEAT_IVL_MS,
     FakePublisher,
     ReplayRequest,
     Session,
@@ -253,6 +257,47 @@ def test_publisher_restart_is_recognised(
                       "(were they dropped as duplicates of the old one?)")
         s.drive_for(0.05)
         s.check_delivered(old_expected + _expected(fake, list(range(missed + fresh_live))))
+
+
+#: Batches published while the subscriber is busy elsewhere: more than the receive
+#: queue a subscriber is likely to bound itself to (the reference kept 100,000).
+_BACKLOG = 250_000
+
+
+@pytest.mark.clause("EVS-4")
+def test_publisher_restart_is_recognised_while_lagging(kv_subscriber_spec: SubscriberSpec
+                                                       ) -> None:
+    """The publisher floods a subscriber that is busy elsewhere (not polling), then
+    restarts at once; the subscriber, still not polling, lives through its heartbeats
+    and then delivers the new incarnation from seq 0.
+
+    libzmq 4.3 aborts the subscriber's process here when its SUB socket has a
+    bounded receive queue (now full) and ZMTP heartbeats on: the restart resets the
+    connection that stopped reading, and the next heartbeat interval writes to it
+    (``Assertion failed: !_io_error``). A crash is reported as ``crashed``.
+    """
+    spec = kv_subscriber_spec
+    with Session(spec, clause="EVS-4") as s:
+        s.subscribed()
+        fake = s.fake
+        payload = encode_batch(make_batch(0, fake.salt), fake.encoding)
+        for seq in range(_BACKLOG):
+            fake.send_frames([fake.topic, encode_seq(seq), payload])
+        fake.restart(salt=11)
+        # Three heartbeat intervals unpolled (the suite's, when the factory takes one).
+        takes_ivl = accepts(spec.factory, "heartbeat_ivl_ms")
+        ivl_s = (SUITE_HEARTBEAT_IVL_MS if takes_ivl else 500) / 1000
+        deadline = time.monotonic() + 3 * ivl_s + 0.2
+        while time.monotonic() < deadline:
+            fake.pump()
+            time.sleep(0.01)
+        s.subscribed(timeout=30.0)  # after the backlog, the new incarnation's subscription
+        fresh = [fake.publish() for _ in range(3)]
+        s.drive_until(lambda: [seq for seq, _ in s.delivered[-3:]] == fresh, timeout=60.0,
+                      what="the new incarnation's first batches after the backlog")
+        for seq, batch in s.delivered[-3:]:
+            assert batch == fake.batches[seq], (
+                f"EVS-4: batch {seq} of the new incarnation arrived with other content")
 
 
 # --- EVS-5 ------------------------------------------------------------------------------
