@@ -42,7 +42,7 @@ class Group:
     key: str
     contract: str
     suite: Path
-    mutants: tuple[tuple[str, str, tuple[str, ...]], ...]
+    mutants: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]
     extra: tuple[str, ...] = ()
 
 
@@ -53,13 +53,16 @@ class Outcome:
 
 
 def groups(contract: str, suite: Path, catalog: Iterable[Any], *, alone: Sequence[str] = (),
-           extra: dict[str, tuple[str, ...]] | None = None) -> dict[str, Group]:
+           extra: dict[str, tuple[str, ...]] | None = None,
+           tests: dict[str, tuple[str, ...]] | None = None) -> dict[str, Group]:
     """Each mutant's group: the ones named in ``alone`` by themselves, the rest together.
 
-    ``extra`` adds pytest arguments to the group of a mutant (``--zmq-chaos``).
+    ``extra`` adds pytest arguments to the group of a mutant (``--zmq-chaos``);
+    ``tests`` limits a mutant to the named test functions of its clauses.
     """
     extra = extra or {}
-    entries = [(m.name, m.factory, tuple(m.clauses)) for m in catalog]
+    tests = tests or {}
+    entries = [(m.name, m.factory, tuple(m.clauses), tests.get(m.name, ())) for m in catalog]
     shared = tuple(e for e in entries if e[0] not in alone)
     shared_extra = tuple(dict.fromkeys(a for e in shared for a in extra.get(e[0], ())))
     out: dict[str, Group] = {}
@@ -89,8 +92,8 @@ def outcome(group: Group, factory: pytest.TempPathFactory, worker_id: str) -> Ou
 
 def _run(group: Group, report: Path, where: Path) -> None:
     spec = where / f"selfcheck-{group.key}-mutants.json"
-    spec.write_text(json.dumps([{"name": n, "factory": f, "clauses": list(c)}
-                                for n, f, c in group.mutants]))
+    spec.write_text(json.dumps([{"name": n, "factory": f, "clauses": list(c), "tests": list(t)}
+                                for n, f, c, t in group.mutants]))
     results = where / f"selfcheck-{group.key}-results.json"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "--zmq-contract", group.contract, "--zmq-reruns", "0", "--hypothesis-seed", "1",
@@ -98,23 +101,35 @@ def _run(group: Group, report: Path, where: Path) -> None:
                "-p", "conformance.selfcheck.batch", batch.BATCH_OPTION, str(spec),
                batch.REPORT_OPTION, str(results), *group.extra,
                "--rootdir", str(group.suite), str(group.suite)]
+    returncode: int | None = None
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=_LIMIT_S,
                               check=False)
         output = proc.stdout[-6000:] + proc.stderr[-2000:]
+        returncode = proc.returncode
     except subprocess.TimeoutExpired as exc:  # killed: its mutants get no report
         output = f"the group's pytest child did not finish in {_LIMIT_S} s: {exc}"
     data = json.loads(results.read_text()) if results.exists() else {}
-    report.write_text(json.dumps({"results": data, "output": output}))
+    found: dict[str, list[Result]] = data.get("results", {})
+    running = data.get("running")
+    if running and returncode is not None and returncode < 0:
+        # The process died by a signal inside this test: a "crashed" verdict of its clauses.
+        found.setdefault(running["mutant"], []).append({
+            "test": running["test"], "when": "call", "outcome": "crashed",
+            "text": f"{', '.join(running['clauses'])}: the test process died by signal "
+                    f"{-returncode} during {running['test']} (crashed)"})
+    report.write_text(json.dumps({"results": found, "output": output}))
 
 
 def assert_killed(name: str, clauses: Sequence[str], got: Outcome, *,
-                  blocked_counts: bool = False) -> None:
+                  blocked_counts: bool = False, crashed_counts: bool = False) -> None:
     """``name`` failed a test of one of ``clauses`` with a message naming the clause
-    (or, with ``blocked_counts``, a call the watchdog caught: a ``blocked`` verdict)."""
+    (or, with ``blocked_counts``, a call the watchdog caught: a ``blocked`` verdict;
+    with ``crashed_counts``, the process died in such a test: ``crashed``)."""
     results = got.results.get(name)
     assert results is not None, f"{name}: no report from its run:\n{got.output}"
-    failures = [r for r in results if r["outcome"] == "failed"]
+    killing = ("failed", "crashed") if crashed_counts else ("failed",)
+    failures = [r for r in results if r["outcome"] in killing]
     assert failures, f"{name} survived {', '.join(clauses)}: {results}\n{got.output}"
     named = [r for r in failures
              if any(f"{c}:" in r["text"] for c in clauses)

@@ -5,7 +5,8 @@ runs; a catalog of well-behaved mutants (none hangs, aborts or leaks a
 context) can share one session instead. Load it with
 ``-p conformance.selfcheck.batch --selfcheck-batch FILE --selfcheck-batch-report OUT``
 next to ``--zmq-contract NAME`` and the contract's suite. ``FILE`` is a JSON
-list of ``{"name", "factory", "clauses"}``.
+list of ``{"name", "factory", "clauses"}``, each optionally with ``"tests"``
+(names of test functions: only those of its clauses' tests run).
 
 Each suite test is parametrized over the mutants that target one of its
 clauses (``zmq_transport_factory`` set to the mutant's spec, which the
@@ -13,8 +14,11 @@ family fixtures take when the session's contract is theirs); other tests
 are deselected. A mutant's tests run together, narrowest first (as
 :mod:`conformance.selfcheck.clause_filter` orders them), and once one fails
 the mutant's remaining tests are skipped: the per-mutant equivalent of
-``-x``. ``OUT`` gets, per mutant, every test's outcome and the text of each
-failure, so the caller can check that the failure names the clause.
+``-x``. ``OUT`` gets ``{"results": {mutant: [outcome, ...]}, "running": ...}``:
+per mutant, every test's outcome and the text of each failure (so the caller
+can check that the failure names the clause), and the test in progress
+(rewritten before and after each test: if the process dies, it names the
+test, its mutant and its clauses).
 
 A mutant that can hang or crash its process does not belong in a batch: it
 would take the others' verdicts with it. Run it alone.
@@ -74,7 +78,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not mutants or _ARG not in metafunc.fixturenames:
         return
     clauses = {v for m in metafunc.definition.iter_markers("clause") for v in m.args}
-    chosen = [m for m in mutants if clauses & set(m["clauses"])]
+    name = metafunc.function.__name__
+    chosen = [m for m in mutants if clauses & set(m["clauses"])
+              and (not m.get("tests") or name in m["tests"])]
     if not chosen:
         return
     contract = contracts.get(configured_contract(metafunc.config).name)
@@ -115,8 +121,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     name = _mutant_of(item)
-    if name is not None and name in _killed:
+    if name is None:
+        return
+    if name in _killed:
         pytest.skip(f"{name} already killed by an earlier test")
+    clauses = sorted({v for m in item.iter_markers("clause") for v in m.args})
+    _write(item.config, running={"test": item.nodeid, "mutant": name, "clauses": clauses})
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if _mutant_of(item) is not None:
+        _write(item.config, running=None)
+
+
+def _write(config: pytest.Config, *, running: dict[str, Any] | None) -> None:
+    """The report so far, and the test in progress: if the process dies (a mutant that
+    aborts inside libzmq), the caller still knows which test of which mutant it was."""
+    path = config.getoption("selfcheck_batch_report")
+    if path:
+        Path(path).write_text(json.dumps({"results": _results, "running": running}))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -140,6 +163,5 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    path = session.config.getoption("selfcheck_batch_report")
-    if path and _mutants(session.config):
-        Path(path).write_text(json.dumps(_results, indent=1))
+    if _mutants(session.config):
+        _write(session.config, running=None)
