@@ -229,18 +229,46 @@ def test_renderings_carry_the_kill_matrix() -> None:
 # -- the expensive one: every mutant is killed -----------------------------------
 
 
-def _config(tmp_path: Path) -> runner._Config:
+#: A kill test that finds its mutant's run unclaimed runs it and, side by side in
+#: this many lanes, further unclaimed runs until this many seconds have passed (so no
+#: single test runs the whole catalog); later kill tests find theirs done.
+_BATCH_BUDGET_S = 8.0
+_LANES = 2
+
+
+def _config(tmp_path: Path, *, shrink_seconds: int = runner.DEFAULT_SHRINK_S) -> runner._Config:
     return runner._Config(
         profile="ci", seed=runner.DEFAULT_SEED, chaos=False, run_timeout=600.0,
-        shrink_seconds=runner.DEFAULT_SHRINK_S, run_args=(), workdir=tmp_path,
+        shrink_seconds=shrink_seconds, run_args=(), workdir=tmp_path,
     )
 
 
+@pytest.fixture(scope="session")
+def batched_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the kill tests leave their targeted runs: one directory for the whole
+    session, shared by the xdist workers, so each mutant runs once."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if base.name.startswith("popen-gw") else base) / "selfcheck-batched"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
 @pytest.mark.parametrize("mutant", NON_CHAOS, ids=lambda m: m.name)
-def test_mutant_is_killed_by_its_target_clauses(mutant: Mutant, tmp_path: Path) -> None:
-    """One suite run (a child process) limited to the mutant's target clauses."""
-    run = runner.run_suite(mutant.factory, runner._targets(mutant, False), _config(tmp_path),
-                           tag=mutant.name, stop_at_first_failure=True, reruns=0)
+def test_mutant_is_killed_by_its_target_clauses(
+    mutant: Mutant, tmp_path: Path, batched_runs: Path
+) -> None:
+    """The run of the suite limited to the mutant's target clauses kills it.
+
+    Shrinking is off (a kill needs a failing example, not a minimal one). A
+    mutant that can share a process runs in a batch driver; the others run
+    alone under the CLI, as ``zmq-conformance self-check`` does. Runs are
+    shared by every test (and xdist worker) of the session: see
+    :func:`conformance.selfcheck.runner.targeted_run`.
+    """
+    start = NON_CHAOS.index(mutant)
+    run = runner.targeted_run(mutant, _config(tmp_path, shrink_seconds=0), batched_runs,
+                              others=NON_CHAOS[start + 1:] + NON_CHAOS[:start],
+                              budget_s=_BATCH_BUDGET_S, lanes=_LANES)
     assert run.status in ("failed", "ok"), f"suite run {run.status}:\n{run.log_tail}"
     assert run.killing, (
         f"{mutant.name} survived its target clauses {mutant.clauses}: verdicts "
@@ -249,9 +277,11 @@ def test_mutant_is_killed_by_its_target_clauses(mutant: Mutant, tmp_path: Path) 
 
 
 def test_reference_passes_every_targeted_clause(tmp_path: Path) -> None:
+    """Every clause a mutant is killed by passes on the reference (one run, two
+    workers, the suite's default re-runs)."""
     targets = sorted({c for m in NON_CHAOS for c in m.clauses if not CLAUSES[c].chaos})
     run = runner.run_suite("reference_impl:ZmqTransport", targets, _config(tmp_path),
-                           tag="reference", stop_at_first_failure=False)
+                           tag="reference", stop_at_first_failure=False, workers=2)
     assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
 
 
