@@ -277,11 +277,11 @@ def test_mutant_is_killed_by_its_target_clauses(
 
 
 def test_reference_passes_every_targeted_clause(tmp_path: Path) -> None:
-    """Every clause a mutant is killed by passes on the reference (one run, two
-    workers, the suite's default re-runs)."""
+    """Every clause a mutant is killed by passes on the reference (the suite's
+    default re-runs)."""
     targets = sorted({c for m in NON_CHAOS for c in m.clauses if not CLAUSES[c].chaos})
     run = runner.run_suite("reference_impl:ZmqTransport", targets, _config(tmp_path),
-                           tag="reference", stop_at_first_failure=False, workers=2)
+                           tag="reference", stop_at_first_failure=False)
     assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
 
 

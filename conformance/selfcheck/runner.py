@@ -184,13 +184,12 @@ def _child_env(storage: Path) -> dict[str, str]:
 
 def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, tag: str,
               stop_at_first_failure: bool, reruns: int | None = None,
-              rundir: Path | None = None, workers: int = 1) -> SuiteRun:
+              rundir: Path | None = None) -> SuiteRun:
     """Run the suite against ``factory`` in a child process; ``clauses=None``: all of it.
 
     ``reruns`` is passed as ``--reruns`` (``None``: the suite's default).
     ``rundir``: where the run's verdicts and output go (default: a new
-    directory in the work directory). ``workers``: the run's xdist workers
-    (one by default: runs go side by side; a crash or hang still costs one test).
+    directory in the work directory).
     """
     if rundir is None:
         rundir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=config.workdir))
@@ -200,7 +199,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
         "--transport", factory, "--json", str(json_path),
         "--profile", config.profile, "--hypothesis-seed", str(config.seed), "-q",
         "--contract", config.contract,
-        "-n", str(workers),
+        "-n", "1",  # one worker: runs go side by side; a crash or hang still costs one test
     ]
     if config.chaos:
         command.append("--chaos")
