@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from plugin_project import PYCACHE
 
 from conformance.clauses import CLAUSES
 from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
@@ -233,13 +234,13 @@ def test_renderings_carry_the_kill_matrix() -> None:
 #: this many lanes, further unclaimed runs until this many seconds have passed (so no
 #: single test runs the whole catalog); later kill tests find theirs done.
 _BATCH_BUDGET_S = 8.0
-_LANES = 2
+_LANES = 3
 
 
 def _config(tmp_path: Path, *, shrink_seconds: int = runner.DEFAULT_SHRINK_S) -> runner._Config:
     return runner._Config(
         profile="ci", seed=runner.DEFAULT_SEED, chaos=False, run_timeout=600.0,
-        shrink_seconds=shrink_seconds, run_args=(), workdir=tmp_path,
+        shrink_seconds=shrink_seconds, run_args=(), workdir=tmp_path, pycache=PYCACHE,
     )
 
 

@@ -160,6 +160,9 @@ class _Config:
     run_args: tuple[str, ...]
     workdir: Path
     contract: str = "p2p"
+    #: Where the runs cache compiled bytecode (``PYTHONPYCACHEPREFIX``), shared by
+    #: all of them; ``None``: as the environment says.
+    pycache: Path | None = None
 
 
 def counterexample_steps(text: str | None) -> int:
@@ -173,9 +176,23 @@ def counterexample_steps(text: str | None) -> int:
     return len(steps) or 1
 
 
-def _child_env(storage: Path) -> dict[str, str]:
+def _child_env(storage: Path, pycache: Path | None = None) -> dict[str, str]:
+    """The environment of a run: its own Hypothesis database, the project importable,
+    and (``pycache``) a bytecode cache shared by the runs.
+
+    Every run is a pytest process (and an xdist worker) that imports and
+    assertion-rewrites the same modules, Hypothesis's among them (pytest
+    rewrites the modules of every plugin's distribution); where bytecode is
+    not written (``PYTHONDONTWRITEBYTECODE``), each one redoes that, about
+    half a second per process. A cache under ``pycache`` (the self-check's
+    scratch directory) is written once and read by the runs after, and
+    nothing lands next to the sources.
+    """
     env = dict(os.environ)
     env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
+    if pycache is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(_PROJECT_ROOT) + (os.pathsep + path if path else "")
     env.pop("PYTEST_ADDOPTS", None)
@@ -219,7 +236,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
             # The job's thread waits for the run, so the run (and, through the
             # CLI's own supervision, everything it starts) dies with self-check.
             proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
-                                  env=_child_env(rundir / "hypothesis"),
+                                  env=_child_env(rundir / "hypothesis", config.pycache),
                                   timeout=config.run_timeout,
                                   preexec_fn=lifeline.preexec(thread_outlives_child=True))
             code: int | None = proc.returncode
@@ -286,7 +303,8 @@ def _run_batch(mutants: Sequence[Mutant], config: _Config, shared: Path,
     with log_path.open("w", encoding="utf-8") as log, \
             contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
-                       env=_child_env(shared / f".hypothesis-{name}"), timeout=limit,
+                       env=_child_env(shared / f".hypothesis-{name}", config.pycache),
+                       timeout=limit,
                        preexec_fn=lifeline.preexec(thread_outlives_child=True))
 
 
@@ -622,7 +640,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(args.keep_logs).resolve() if args.keep_logs else Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         config = _Config(args.profile, args.seed, args.chaos, args.run_timeout,
-                         args.shrink_seconds, run_args, workdir, args.contract)
+                         args.shrink_seconds, run_args, workdir, args.contract,
+                         pycache=Path(scratch) / "pycache")
         print(f"{PROG}: contract {args.contract}, {len(selected)} mutant(s), "
               f"profile {args.profile}, seed {args.seed}, "
               f"{args.workers} at a time", flush=True)
