@@ -283,7 +283,25 @@ def _targets(mutant: Mutant, chaos: bool) -> list[str]:
 
 
 def _batches(mutant: Mutant, config: _Config) -> bool:
-    return not mutant.isolate and not config.chaos
+    return not mutant.isolate and not config.chaos and not _is_control(mutant)
+
+
+def _is_control(entry: Mutant) -> bool:
+    """An entry whose factory is its own base is no mutant: a control, whose run must
+    pass every target clause (so it runs them all, with the suite's re-runs)."""
+    return entry.factory == entry.base
+
+
+def _stage_run(entry: Mutant, config: _Config, rundir: Path | None = None) -> SuiteRun:
+    """The targeted run of ``entry`` under the CLI: a mutant's stops at its first
+    failure and never re-runs (a kill is a kill); a control's runs everything."""
+    if _is_control(entry):
+        return run_suite(entry.factory, _targets(entry, config.chaos), config,
+                         tag=f"{entry.name}-targeted", stop_at_first_failure=False,
+                         rundir=rundir)
+    return run_suite(entry.factory, _targets(entry, config.chaos), config,
+                     tag=f"{entry.name}-targeted", stop_at_first_failure=True, reruns=0,
+                     rundir=rundir)
 
 
 def _run_batch(mutants: Sequence[Mutant], config: _Config, shared: Path,
@@ -312,9 +330,7 @@ def _run_alone(mutant: Mutant, config: _Config, shared: Path) -> None:
     """The targeted run of ``mutant`` (claimed by the caller) under the CLI, its result
     left in ``shared`` as a batch driver leaves its runs."""
     rundir = shared / mutant.name
-    run = run_suite(mutant.factory, _targets(mutant, config.chaos), config,
-                    tag=f"{mutant.name}-targeted", stop_at_first_failure=True, reruns=0,
-                    rundir=rundir)
+    run = _stage_run(mutant, config, rundir)
     done = {"exit_code": run.exit_code, "seconds": round(run.seconds, 3),
             "timeout": run.status == "timeout"}
     tmp = rundir / (batch.DONE + ".tmp")
@@ -334,10 +350,11 @@ def _read_run(shared: Path, mutant: Mutant) -> SuiteRun:
 
 
 def _lane(order: Sequence[Mutant], config: _Config, shared: Path,
-          budget_s: float | None) -> None:
+          budget_s: float | None, skip: int = 0) -> None:
     """Work through ``order``'s unclaimed targeted runs until ``budget_s`` has passed: a
     mutant that needs a process of its own alone under the CLI; the others in a batch
-    driver, which goes on with the batchable mutants after it."""
+    driver, which goes on with the batchable mutants after it. The first pick skips
+    ``skip`` unclaimed runs (lanes started together start on different runs)."""
     started = time.monotonic()
 
     def left() -> float | None:
@@ -347,7 +364,8 @@ def _lane(order: Sequence[Mutant], config: _Config, shared: Path,
         pending = [m for m in order if batch.state(shared, m.name) == "unclaimed"]
         if not pending:
             return
-        first = pending[0]
+        first = pending[min(skip, len(pending) - 1)]
+        skip = 0
         if _batches(first, config):
             _run_batch([m for m in pending if _batches(m, config)], config, shared, remaining)
             if batch.state(shared, first.name) != "unclaimed":
@@ -368,7 +386,8 @@ def targeted_run(mutant: Mutant, config: _Config, shared: Path, *,
     ``budget_s`` has passed (each run started is finished); when someone
     has, it waits for that run. A mutant that needs no process of its own runs
     in a batch driver; the others, and a run lost with its driver, run alone
-    under the CLI.
+    under the CLI. An entry whose factory is its base is a control (see
+    :func:`_is_control`).
     """
     shared.mkdir(parents=True, exist_ok=True)
     order = [mutant, *(m for m in others if m is not mutant)]
@@ -383,14 +402,13 @@ def targeted_run(mutant: Mutant, config: _Config, shared: Path, *,
         if where == "unclaimed":
             started_own = True
             with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
-                for future in [pool.submit(_lane, order, config, shared, budget_s)
-                               for _ in range(max(1, lanes))]:
+                for future in [pool.submit(_lane, order, config, shared, budget_s, lane)
+                               for lane in range(max(1, lanes))]:
                     future.result()
         else:
             time.sleep(0.05)
     # Lost with its driver (or never started): alone, outside the shared directory.
-    return run_suite(mutant.factory, _targets(mutant, config.chaos), config,
-                     tag=f"{mutant.name}-targeted", stop_at_first_failure=True, reruns=0)
+    return _stage_run(mutant, config)
 
 
 def check_mutant(mutant: Mutant, config: _Config,
@@ -475,8 +493,8 @@ def run_selfcheck(
         control_futures = [pool.submit(control_job, b) for b in bases]
         # Lanes first: they share the targeted runs out; each mutant's job then
         # finds its run done (or waits for it) and goes on to the full suite if needed.
-        lanes = [pool.submit(_lane, mutants, config, shared, None)
-                 for _ in range(max(1, workers - len(bases)))]
+        lanes = [pool.submit(_lane, mutants, config, shared, None, lane)
+                 for lane in range(max(1, workers - len(bases)))]
         mutant_futures = [pool.submit(mutant_job, m) for m in mutants]
         for lane in lanes:
             lane.result()
