@@ -260,6 +260,16 @@ def batched_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared
 
 
+def test_reference_passes_every_targeted_clause(tmp_path: Path, batched_runs: Path) -> None:
+    """Every clause a mutant is killed by passes on the reference: one run of all
+    their tests, with the suite's default re-runs. Its other lanes meanwhile run
+    mutants' targeted runs for the kill tests."""
+    run = runner.targeted_run(REFERENCE, _config(tmp_path), batched_runs,
+                              others=NON_CHAOS, budget_s=_BATCH_BUDGET_S, lanes=_LANES)
+    assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
+    assert {c for c, v in run.verdicts.items() if v == "passed"} >= set(REFERENCE.clauses)
+
+
 @pytest.mark.parametrize("mutant", NON_CHAOS, ids=lambda m: m.name)
 def test_mutant_is_killed_by_its_target_clauses(
     mutant: Mutant, tmp_path: Path, batched_runs: Path
@@ -274,23 +284,13 @@ def test_mutant_is_killed_by_its_target_clauses(
     """
     start = NON_CHAOS.index(mutant)
     run = runner.targeted_run(mutant, _config(tmp_path, shrink_seconds=0), batched_runs,
-                              others=[REFERENCE, *NON_CHAOS[start + 1:], *NON_CHAOS[:start]],
+                              others=[*NON_CHAOS[start + 1:], *NON_CHAOS[:start]],
                               budget_s=_BATCH_BUDGET_S, lanes=_LANES)
     assert run.status in ("failed", "ok"), f"suite run {run.status}:\n{run.log_tail}"
     assert run.killing, (
         f"{mutant.name} survived its target clauses {mutant.clauses}: verdicts "
         f"{ {c: v for c, v in run.verdicts.items() if c in mutant.clauses} }\n{run.log_tail}"
     )
-
-
-def test_reference_passes_every_targeted_clause(tmp_path: Path, batched_runs: Path) -> None:
-    """Every clause a mutant is killed by passes on the reference: one run of all
-    their tests, with the suite's default re-runs. It is shared like the mutants'
-    runs (a kill test that starts lanes starts it in its second lane)."""
-    run = runner.targeted_run(REFERENCE, _config(tmp_path), batched_runs,
-                              others=NON_CHAOS, budget_s=_BATCH_BUDGET_S, lanes=_LANES)
-    assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
-    assert {c for c, v in run.verdicts.items() if v == "passed"} >= set(REFERENCE.clauses)
 
 
 def test_runner_module_runs_as_a_script() -> None:
