@@ -604,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="SECONDS", help="a suite run longer than this counts as hung")
     parser.add_argument("--shrink-seconds", type=int, default=DEFAULT_SHRINK_S, metavar="SECONDS",
                         help="cap Hypothesis shrinking per failing test (default "
-                             f"{DEFAULT_SHRINK_S}; Hypothesis alone allows 300)")
+                             f"{DEFAULT_SHRINK_S}; Hypothesis alone allows 300; 0: no "
+                             "shrinking, the same kills with unshrunk counterexamples)")
     parser.add_argument("--xfail-file", metavar="PATH",
                         help="pass this expected-failure list to every run (to check that "
                              "it hides no real bug)")
