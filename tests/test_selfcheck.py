@@ -22,8 +22,8 @@ from conformance.clauses import CLAUSES
 from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
 from conformance.contracts.p2p.mutants import CATALOG, FAILURE_MODES, RACY
 from conformance.errors import ConfigError
+from conformance.selfcheck import batch, runner
 from conformance.selfcheck import mutants as catalog_module
-from conformance.selfcheck import runner
 from conformance.selfcheck.mutants import (
     Mutant,
     load_catalog,
@@ -231,6 +231,74 @@ def test_renderings_carry_the_kill_matrix() -> None:
     assert "1/2 mutants killed" in text and "too weak" in text
     markdown = runner.render_markdown([killed, survived], [control], 30.0)
     assert f"| `{CATALOG[1].name}` | **SURVIVED** |" in markdown
+
+
+def test_claims_share_runs_and_tell_lost_ones(tmp_path: Path) -> None:
+    """A run is claimed once; it is running while its claimer lives, lost when the
+    claimer died without finishing it, done once done.json exists."""
+    import subprocess
+
+    assert batch.state(tmp_path, "m") == "unclaimed"
+    assert batch.claim(tmp_path, "m") and not batch.claim(tmp_path, "m")
+    assert batch.state(tmp_path, "m") == "running"
+    (tmp_path / "m" / batch.DONE).write_text('{"exit_code": 1, "seconds": 1.0}')
+    assert batch.state(tmp_path, "m") == "done"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (tmp_path / "lost").mkdir()
+    (tmp_path / "lost" / batch.CLAIM).write_text(gone.stdout.strip())
+    assert batch.state(tmp_path, "lost") == "lost"
+
+
+def test_a_lost_run_is_run_again_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mutant = next(m for m in NON_CHAOS if not m.isolate)
+    (tmp_path / mutant.name).mkdir()
+    (tmp_path / mutant.name / batch.CLAIM).write_text("999999999")  # no such process
+    alone: list[tuple[str, bool, int | None]] = []
+
+    def fake_run_suite(factory: str, clauses: object, config: object, *, tag: str,
+                       stop_at_first_failure: bool, reruns: int | None = None,
+                       rundir: Path | None = None) -> runner.SuiteRun:
+        alone.append((factory, stop_at_first_failure, reruns))
+        return runner.SuiteRun("failed", 1.0, {"CONN-1": "failed"})
+
+    monkeypatch.setattr(runner, "run_suite", fake_run_suite)
+    run = runner.targeted_run(mutant, _config(tmp_path), tmp_path, budget_s=1.0)
+    assert alone == [(mutant.factory, True, 0)] and run.killing == ["CONN-1"]
+
+
+def test_batched_runs_get_the_options_of_a_lone_run(tmp_path: Path) -> None:
+    settings = batch.RunSettings("ci", 7, 0, "p2p")
+    job = batch.Job("m", "reference_impl:ZmqTransport", ("CONN-1", "MSG-2"))
+    args = batch.pytest_args(job, settings, tmp_path)
+    joined = " ".join(args)
+    for expected in ("--zmq-transport reference_impl:ZmqTransport", "--hypothesis-seed=7",
+                     "--zmq-profile ci", "--zmq-reruns 0", "--selfcheck-clause CONN-1",
+                     "--selfcheck-clause MSG-2", "--selfcheck-shrink-seconds 0",
+                     f"--zmq-report-json {tmp_path / batch.VERDICTS}"):
+        assert expected in joined, expected
+    assert "-x" in args and "-n" not in args  # no workers: the session runs in the driver
+
+
+def test_shrink_seconds_zero_drops_the_shrink_phase() -> None:
+    from types import SimpleNamespace
+
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+
+    from conformance.selfcheck import clause_filter
+
+    @settings(max_examples=3)
+    @given(st.integers())
+    def probe(n: int) -> None:
+        pass
+
+    own = probe._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    clause_filter._without_shrinking([SimpleNamespace(obj=probe)])  # type: ignore[list-item]
+    patched = probe._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    assert Phase.shrink not in patched.phases and patched.max_examples == 3
+    clause_filter.pytest_unconfigure(None)  # type: ignore[arg-type]
+    assert probe._hypothesis_internal_use_settings is own  # type: ignore[attr-defined]
 
 
 # -- the expensive one: every mutant is killed -----------------------------------
