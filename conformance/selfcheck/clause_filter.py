@@ -13,16 +13,24 @@ failure (its own cap is five minutes). Against a mutant, a failing example
 often waits out a harness deadline, so every shrink step costs seconds; the
 self-check needs the kill, not the minimal example. The cap is Hypothesis's
 module constant ``MAX_SHRINKING_SECONDS``, patched in this process only.
+``0`` turns shrinking off: the kept Hypothesis tests run without the shrink
+phase (the first failing example is reported as found), and a stateful
+machine, whose settings are built at call time, stops shrinking at its first
+step. A kill needs only a failing example.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
 OPTION = "--selfcheck-clause"
 SHRINK_OPTION = "--selfcheck-shrink-seconds"
+#: Where a test function's own settings are kept while shrinking is off.
+_SAVED = "_selfcheck_saved_settings"
+_patched: list[Any] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         SHRINK_OPTION, type=int, default=None, metavar="SECONDS",
         dest="selfcheck_shrink_seconds",
-        help="cap Hypothesis shrinking at SECONDS per failing test",
+        help="cap Hypothesis shrinking at SECONDS per failing test (0: no shrinking)",
     )
 
 
@@ -48,7 +56,30 @@ def pytest_configure(config: pytest.Config) -> None:
         warnings.warn(f"{SHRINK_OPTION}: this Hypothesis has no MAX_SHRINKING_SECONDS; "
                       "shrinking is not capped", stacklevel=1)
         return
-    engine.MAX_SHRINKING_SECONDS = max(1, seconds)
+    engine.MAX_SHRINKING_SECONDS = max(0, seconds)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give back the test functions' own settings (a process may run several sessions)."""
+    while _patched:
+        function = _patched.pop()
+        function._hypothesis_internal_use_settings = getattr(function, _SAVED)
+        delattr(function, _SAVED)
+
+
+def _without_shrinking(items: list[pytest.Item]) -> None:
+    """Drop the shrink phase from the settings of the Hypothesis tests in ``items``."""
+    from hypothesis import Phase, settings
+
+    for item in items:
+        function = getattr(item, "obj", None)
+        if not getattr(function, "is_hypothesis_test", False) or hasattr(function, _SAVED):
+            continue
+        own = function._hypothesis_internal_use_settings  # type: ignore[union-attr]
+        setattr(function, _SAVED, own)
+        function._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
+            own, phases=[p for p in own.phases if p is not Phase.shrink])
+        _patched.append(function)
 
 
 @pytest.hookimpl(trylast=True)
@@ -65,6 +96,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # with -x the run stops at the first kill, and specific tests kill fastest.
     keep.sort(key=_breadth)
     items[:] = keep
+    if config.getoption("selfcheck_shrink_seconds") == 0:
+        _without_shrinking(keep)
     if drop:
         config.hook.pytest_deselected(items=drop)
 
