@@ -3,7 +3,7 @@
 A pytest child costs about a second before its first test; one per mutant
 was most of what the family contract tests spent. Here the mutants of a
 catalog are split into groups: the well-behaved ones share one child
-(:mod:`conformance.selfcheck.batch`), and each mutant that hangs a call,
+(:mod:`conformance.selfcheck.mutant_groups`), and each mutant that hangs a call,
 kills a thread or leaks a context gets a child of its own, so it cannot take
 another mutant's verdict with it. Each group runs once per session: under
 ``pytest -n auto`` the first worker that needs a group runs it under a file
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from conformance.selfcheck import batch, clause_filter
+from conformance.selfcheck import clause_filter, mutant_groups
 
 #: A group's child is killed after this long (seconds); its mutants then fail.
 _LIMIT_S = 300
@@ -98,8 +98,8 @@ def _run(group: Group, report: Path, where: Path) -> None:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                "--zmq-contract", group.contract, "--zmq-reruns", "0", "--hypothesis-seed", "1",
                "-p", "conformance.selfcheck.clause_filter", clause_filter.SHRINK_OPTION, "0",
-               "-p", "conformance.selfcheck.batch", batch.BATCH_OPTION, str(spec),
-               batch.REPORT_OPTION, str(results), *group.extra,
+               "-p", "conformance.selfcheck.mutant_groups", mutant_groups.BATCH_OPTION, str(spec),
+               mutant_groups.REPORT_OPTION, str(results), *group.extra,
                "--rootdir", str(group.suite), str(group.suite)]
     returncode: int | None = None
     try:

@@ -16,23 +16,30 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from plugin_project import PYCACHE
 
 from conformance.clauses import CLAUSES
 from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
 from conformance.contracts.p2p.mutants import CATALOG, FAILURE_MODES, RACY
 from conformance.errors import ConfigError
+from conformance.selfcheck import batch, runner
 from conformance.selfcheck import mutants as catalog_module
-from conformance.selfcheck import runner
 from conformance.selfcheck.mutants import (
     Mutant,
     load_catalog,
     load_extra,
     validate,
 )
-from conformance.spec import load_factory
+from conformance.spec import DEFAULT_TRANSPORT, load_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 NON_CHAOS = [m for m in CATALOG if not m.chaos]
+#: The control of the kill tests: the reference against every non-chaos clause a
+#: mutant targets (an entry whose factory is its base; never a catalog member).
+REFERENCE = Mutant(
+    "reference_control", DEFAULT_TRANSPORT, "the unmutated reference", "control",
+    tuple(sorted({c for m in NON_CHAOS for c in m.clauses if not CLAUSES[c].chaos})),
+)
 
 
 # -- the catalog ---------------------------------------------------------------
@@ -226,33 +233,132 @@ def test_renderings_carry_the_kill_matrix() -> None:
     assert f"| `{CATALOG[1].name}` | **SURVIVED** |" in markdown
 
 
+def test_claims_share_runs_and_tell_lost_ones(tmp_path: Path) -> None:
+    """A run is claimed once; it is running while its claimer lives, lost when the
+    claimer died without finishing it, done once done.json exists."""
+    import subprocess
+
+    assert batch.state(tmp_path, "m") == "unclaimed"
+    assert batch.claim(tmp_path, "m") and not batch.claim(tmp_path, "m")
+    assert batch.state(tmp_path, "m") == "running"
+    (tmp_path / "m" / batch.DONE).write_text('{"exit_code": 1, "seconds": 1.0}')
+    assert batch.state(tmp_path, "m") == "done"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (tmp_path / "lost").mkdir()
+    (tmp_path / "lost" / batch.CLAIM).write_text(gone.stdout.strip())
+    assert batch.state(tmp_path, "lost") == "lost"
+
+
+def test_a_lost_run_is_run_again_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mutant = next(m for m in NON_CHAOS if not m.isolate)
+    (tmp_path / mutant.name).mkdir()
+    (tmp_path / mutant.name / batch.CLAIM).write_text("999999999")  # no such process
+    alone: list[tuple[str, bool, int | None]] = []
+
+    def fake_run_suite(factory: str, clauses: object, config: object, *, tag: str,
+                       stop_at_first_failure: bool, reruns: int | None = None,
+                       rundir: Path | None = None) -> runner.SuiteRun:
+        alone.append((factory, stop_at_first_failure, reruns))
+        return runner.SuiteRun("failed", 1.0, {"CONN-1": "failed"})
+
+    monkeypatch.setattr(runner, "run_suite", fake_run_suite)
+    run = runner.targeted_run(mutant, _config(tmp_path), tmp_path, budget_s=1.0)
+    assert alone == [(mutant.factory, True, 0)] and run.killing == ["CONN-1"]
+
+
+def test_batched_runs_get_the_options_of_a_lone_run(tmp_path: Path) -> None:
+    settings = batch.RunSettings("ci", 7, 0, "p2p")
+    job = batch.Job("m", "reference_impl:ZmqTransport", ("CONN-1", "MSG-2"))
+    args = batch.pytest_args(job, settings, tmp_path)
+    joined = " ".join(args)
+    for expected in ("--zmq-transport reference_impl:ZmqTransport", "--hypothesis-seed=7",
+                     "--zmq-profile ci", "--zmq-reruns 0", "--selfcheck-clause CONN-1",
+                     "--selfcheck-clause MSG-2", "--selfcheck-shrink-seconds 0",
+                     f"--zmq-report-json {tmp_path / batch.VERDICTS}"):
+        assert expected in joined, expected
+    assert "-x" in args and "-n" not in args  # no workers: the session runs in the driver
+
+
+def test_shrink_seconds_zero_drops_the_shrink_phase() -> None:
+    from types import SimpleNamespace
+
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+
+    from conformance.selfcheck import clause_filter
+
+    @settings(max_examples=3)
+    @given(st.integers())
+    def probe(n: int) -> None:
+        pass
+
+    own = probe._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    clause_filter._without_shrinking([SimpleNamespace(obj=probe)])  # type: ignore[list-item]
+    patched = probe._hypothesis_internal_use_settings  # type: ignore[attr-defined]
+    assert Phase.shrink not in patched.phases and patched.max_examples == 3
+    clause_filter.pytest_unconfigure(None)  # type: ignore[arg-type]
+    assert probe._hypothesis_internal_use_settings is own  # type: ignore[attr-defined]
+
+
 # -- the expensive one: every mutant is killed -----------------------------------
 
 
-def _config(tmp_path: Path) -> runner._Config:
+#: A kill test that finds its mutant's run unclaimed runs it and, side by side in
+#: this many lanes, further unclaimed runs until this many seconds have passed (so no
+#: single test runs the whole catalog); later kill tests find theirs done.
+_BATCH_BUDGET_S = 8.0
+_LANES = 3
+
+
+def _config(tmp_path: Path, *, shrink_seconds: int = runner.DEFAULT_SHRINK_S) -> runner._Config:
     return runner._Config(
         profile="ci", seed=runner.DEFAULT_SEED, chaos=False, run_timeout=600.0,
-        shrink_seconds=runner.DEFAULT_SHRINK_S, run_args=(), workdir=tmp_path,
+        shrink_seconds=shrink_seconds, run_args=(), workdir=tmp_path, pycache=PYCACHE,
     )
 
 
+@pytest.fixture(scope="session")
+def batched_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the kill tests leave their targeted runs: one directory for the whole
+    session, shared by the xdist workers, so each mutant runs once."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if base.name.startswith("popen-gw") else base) / "selfcheck-batched"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+def test_reference_passes_every_targeted_clause(tmp_path: Path, batched_runs: Path) -> None:
+    """Every clause a mutant is killed by passes on the reference: one run of all
+    their tests, with the suite's default re-runs. Its other lanes meanwhile run
+    mutants' targeted runs for the kill tests."""
+    run = runner.targeted_run(REFERENCE, _config(tmp_path), batched_runs,
+                              others=NON_CHAOS, budget_s=_BATCH_BUDGET_S, lanes=_LANES)
+    assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
+    assert {c for c, v in run.verdicts.items() if v == "passed"} >= set(REFERENCE.clauses)
+
+
 @pytest.mark.parametrize("mutant", NON_CHAOS, ids=lambda m: m.name)
-def test_mutant_is_killed_by_its_target_clauses(mutant: Mutant, tmp_path: Path) -> None:
-    """One suite run (a child process) limited to the mutant's target clauses."""
-    run = runner.run_suite(mutant.factory, runner._targets(mutant, False), _config(tmp_path),
-                           tag=mutant.name, stop_at_first_failure=True, reruns=0)
+def test_mutant_is_killed_by_its_target_clauses(
+    mutant: Mutant, tmp_path: Path, batched_runs: Path
+) -> None:
+    """The run of the suite limited to the mutant's target clauses kills it.
+
+    Shrinking is off (a kill needs a failing example, not a minimal one). A
+    mutant that can share a process runs in a batch driver; the others run
+    alone under the CLI, as ``zmq-conformance self-check`` does. Runs are
+    shared by every test (and xdist worker) of the session: see
+    :func:`conformance.selfcheck.runner.targeted_run`.
+    """
+    start = NON_CHAOS.index(mutant)
+    run = runner.targeted_run(mutant, _config(tmp_path, shrink_seconds=0), batched_runs,
+                              others=[*NON_CHAOS[start + 1:], *NON_CHAOS[:start]],
+                              budget_s=_BATCH_BUDGET_S, lanes=_LANES)
     assert run.status in ("failed", "ok"), f"suite run {run.status}:\n{run.log_tail}"
     assert run.killing, (
         f"{mutant.name} survived its target clauses {mutant.clauses}: verdicts "
         f"{ {c: v for c, v in run.verdicts.items() if c in mutant.clauses} }\n{run.log_tail}"
     )
-
-
-def test_reference_passes_every_targeted_clause(tmp_path: Path) -> None:
-    targets = sorted({c for m in NON_CHAOS for c in m.clauses if not CLAUSES[c].chaos})
-    run = runner.run_suite("reference_impl:ZmqTransport", targets, _config(tmp_path),
-                           tag="reference", stop_at_first_failure=False)
-    assert run.status == "ok", f"reference: {run.unclean} ({run.status})\n{run.log_tail}"
 
 
 def test_runner_module_runs_as_a_script() -> None:

@@ -1,167 +1,224 @@
-"""A pytest plugin for self-check runs: several mutants in one pytest session.
+"""Several targeted self-check runs in one process: what a child costs to start, paid once.
 
-Starting a pytest process per mutant costs about a second before any test
-runs; a catalog of well-behaved mutants (none hangs, aborts or leaks a
-context) can share one session instead. Load it with
-``-p conformance.selfcheck.batch --selfcheck-batch FILE --selfcheck-batch-report OUT``
-next to ``--zmq-contract NAME`` and the contract's suite. ``FILE`` is a JSON
-list of ``{"name", "factory", "clauses"}``, each optionally with ``"tests"``
-(names of test functions: only those of its clauses' tests run).
+A targeted run of a mutant (the tests of the clauses it targets, stopping at
+the first failure) is short; started as ``zmq-conformance run`` it costs three
+interpreters (the CLI, pytest, an xdist worker) that import pytest,
+Hypothesis, pyzmq and the suite before the first test. A *batch driver*
+(``python -m conformance.selfcheck.batch SPEC``) imports all that once and
+runs one pytest session per mutant, one after another, with the options the
+CLI would give it, without workers (``-n 0``).
 
-Each suite test is parametrized over the mutants that target one of its
-clauses (``zmq_transport_factory`` set to the mutant's spec, which the
-family fixtures take when the session's contract is theirs); other tests
-are deselected. A mutant's tests run together, narrowest first (as
-:mod:`conformance.selfcheck.clause_filter` orders them), and once one fails
-the mutant's remaining tests are skipped: the per-mutant equivalent of
-``-x``. ``OUT`` gets ``{"results": {mutant: [outcome, ...]}, "running": ...}``:
-per mutant, every test's outcome and the text of each failure (so the caller
-can check that the failure names the clause), and the test in progress
-(rewritten before and after each test: if the process dies, it names the
-test, its mutant and its clauses).
+Only mutants whose defect stays inside the calls of their own tests share a
+driver (:attr:`Mutant.isolate` false): one that hangs, aborts, leaks a
+context or spins would take the driver down with it, and with it the verdicts
+of the mutants after it. Those run alone, under the CLI's supervision.
 
-A mutant that can hang or crash its process does not belong in a batch: it
-would take the others' verdicts with it. Run it alone.
+Drivers share a directory (``shared``) with one sub-directory per run. A
+driver *claims* a run by creating its directory (atomic), immediately before
+running it, so several drivers (self-check's ``-n``, or the project's tests
+on several xdist workers) split a list of runs between them with no run done
+twice, and a caller that wants one result waits at most for the run in
+progress. A run is finished when its ``done.json`` exists; a claimed run
+without it whose driver is gone was *lost* (the driver died in it: the
+stall deadline or a crash), and the caller runs that mutant alone.
+
+Each session gets a fresh Hypothesis database (the driver empties its
+storage directory between runs), so a failure found for one mutant is never
+replayed against another, and the same seed as a run of its own: a batched
+run and a lone run draw the same examples.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-import pytest
+__all__ = ["CLAIM", "DONE", "Job", "RunSettings", "claim", "main", "state"]
 
-from conformance import contracts
-from conformance.selection import configured_contract
-from conformance.selfcheck.clause_filter import _breadth
-from conformance.spec import contract_spec_from_path
-
-BATCH_OPTION = "--selfcheck-batch"
-REPORT_OPTION = "--selfcheck-batch-report"
-_ARG = "zmq_transport_factory"
-
-#: Mutants with a failed test (their later tests are skipped).
-_killed: set[str] = set()
-#: Per mutant, the outcome of each of its tests.
-_results: dict[str, list[dict[str, str]]] = {}
-#: Each collected test's mutant, by node id.
-_names: dict[str, str] = {}
+#: In a run's directory: the claiming driver's process id.
+CLAIM: Final = "claim"
+#: In a run's directory: exit status and seconds, written when the run is over.
+DONE: Final = "done.json"
+VERDICTS: Final = "verdicts.json"
+LOG: Final = "output.log"
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("zmq-selfcheck", "zmq-conformance self-check (internal)")
-    group.addoption(BATCH_OPTION, default=None, metavar="FILE", dest="selfcheck_batch",
-                    help="JSON list of mutants ({name, factory, clauses}) to run in this session")
-    group.addoption(REPORT_OPTION, default=None, metavar="FILE",
-                    dest="selfcheck_batch_report", help="where to write each mutant's outcomes")
+@dataclass(frozen=True)
+class Job:
+    """One targeted run: ``tag`` names its directory in the shared directory."""
+
+    tag: str
+    factory: str
+    clauses: tuple[str, ...]
 
 
-def _mutants(config: pytest.Config) -> list[dict[str, Any]]:
-    path = config.getoption("selfcheck_batch")
-    if not path:
-        return []
-    data: list[dict[str, Any]] = json.loads(Path(path).read_text())
-    return data
+@dataclass(frozen=True)
+class RunSettings:
+    """What every run of a driver shares (the CLI options of a lone run)."""
+
+    profile: str
+    seed: int
+    shrink_seconds: int
+    contract: str
+    run_args: tuple[str, ...] = ()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    _results.update({m["name"]: [] for m in _mutants(config)})
+def claim(shared: Path, tag: str) -> bool:
+    """Claim run ``tag`` for this process; False when someone has it already."""
+    rundir = shared / tag
+    try:
+        rundir.mkdir(parents=False)
+    except FileExistsError:
+        return False
+    (rundir / CLAIM).write_text(str(os.getpid()), encoding="utf-8")
+    return True
 
 
-#: Each parametrized spec's mutant, by identity (the specs are kept alive here).
-_spec_names: dict[int, tuple[Any, str]] = {}
+def state(shared: Path, tag: str) -> str:
+    """``"unclaimed"``, ``"running"``, ``"done"`` or ``"lost"`` (claimed by a process
+    that is gone without finishing it)."""
+    rundir = shared / tag
+    if (rundir / DONE).exists():
+        return "done"
+    if not rundir.exists():
+        return "unclaimed"
+    try:
+        pid = int((rundir / CLAIM).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "running"  # claimed a moment ago; the id follows
+    if _alive(pid):
+        return "running"
+    return "done" if (rundir / DONE).exists() else "lost"
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    mutants = _mutants(metafunc.config)
-    if not mutants or _ARG not in metafunc.fixturenames:
-        return
-    clauses = {v for m in metafunc.definition.iter_markers("clause") for v in m.args}
-    name = metafunc.function.__name__
-    chosen = [m for m in mutants if clauses & set(m["clauses"])
-              and (not m.get("tests") or name in m["tests"])]
-    if not chosen:
-        return
-    contract = contracts.get(configured_contract(metafunc.config).name)
-    specs = [contract_spec_from_path(contract, m["factory"], option=BATCH_OPTION)
-             for m in chosen]
-    for spec, mutant in zip(specs, chosen, strict=True):
-        _spec_names[id(spec)] = (spec, str(mutant["name"]))
-    metafunc.parametrize(_ARG, specs, ids=[m["name"] for m in chosen])
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
-def _mutant_of(item: pytest.Item) -> str | None:
-    callspec = getattr(item, "callspec", None)
-    if callspec is None or _ARG not in callspec.params:
-        return None
-    entry = _spec_names.get(id(callspec.params[_ARG]))
-    return entry[1] if entry is not None else None
+def pytest_args(job: Job, settings: RunSettings, rundir: Path) -> list[str]:
+    """The pytest arguments ``zmq-conformance run`` gives a lone targeted run, without
+    workers (the CLI's own translation, so both stay the same)."""
+    from conformance import cli
+    from conformance.selfcheck import clause_filter
+
+    argv = ["run", "--transport", job.factory, "--json", str(rundir / VERDICTS),
+            "--profile", settings.profile, "--hypothesis-seed", str(settings.seed), "-q",
+            "--contract", settings.contract, "-n", "0", "--reruns", "0", *settings.run_args]
+    args, _json, cleanup = cli._pytest_args(cli.build_parser().parse_args(argv))
+    assert cleanup is None  # --json is given
+    # The package (this module's) was imported before pytest could rewrite its asserts;
+    # the modules the suite needs (the harness) are imported in the session, rewritten.
+    args += ["-W", "ignore::pytest.PytestAssertRewriteWarning",
+             "-p", "conformance.selfcheck.clause_filter", "-p", "no:cacheprovider",
+             clause_filter.SHRINK_OPTION, str(settings.shrink_seconds), "-x"]
+    for clause in job.clauses:
+        args += [clause_filter.OPTION, clause]
+    return args
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    mutants = _mutants(config)
-    if not mutants:
-        return
-    order = {m["name"]: i for i, m in enumerate(mutants)}
-    keep: list[tuple[int, tuple[int, bool], int, pytest.Item]] = []
-    drop: list[pytest.Item] = []
-    for index, item in enumerate(items):
-        name = _mutant_of(item)
-        if name is None:
-            drop.append(item)
-        else:
-            keep.append((order[name], _breadth(item), index, item))
-    keep.sort(key=lambda entry: entry[:3])
-    items[:] = [entry[3] for entry in keep]
-    if drop:
-        config.hook.pytest_deselected(items=drop)
+def run_jobs(jobs: Sequence[Job], settings: RunSettings, shared: Path, *,
+             budget_s: float | None = None) -> None:
+    """Claim and run ``jobs`` in order, skipping those claimed by others; stop claiming
+    once ``budget_s`` seconds have passed."""
+    import pytest
+
+    started = time.monotonic()
+    storage = os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
+    for job in jobs:
+        if budget_s is not None and time.monotonic() - started > budget_s:
+            return
+        if not claim(shared, job.tag):
+            continue
+        rundir = shared / job.tag
+        if storage:
+            shutil.rmtree(storage, ignore_errors=True)
+        began = time.monotonic()
+        with _output_to(rundir / LOG):
+            try:
+                code = _exit_status(int(pytest.main(pytest_args(job, settings, rundir))),
+                                    rundir / VERDICTS)
+            except Exception as exc:  # a broken option: this run is an error, not the next
+                print(f"batch: {type(exc).__name__}: {exc}", flush=True)
+                code = 3
+        done = {"exit_code": code, "seconds": round(time.monotonic() - began, 3)}
+        tmp = rundir / (DONE + ".tmp")
+        tmp.write_text(json.dumps(done), encoding="utf-8")
+        tmp.replace(rundir / DONE)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    name = _mutant_of(item)
-    if name is None:
-        return
-    if name in _killed:
-        pytest.skip(f"{name} already killed by an earlier test")
-    clauses = sorted({v for m in item.iter_markers("clause") for v in m.args})
-    _write(item.config, running={"test": item.nodeid, "mutant": name, "clauses": clauses})
+def _exit_status(pytest_status: int, verdicts: Path) -> int:
+    """The exit status ``zmq-conformance run`` would give (from the verdicts)."""
+    from conformance import cli
+    from conformance.verdicts import exit_status
+
+    return exit_status(cli._read_report(verdicts), pytest_status)
 
 
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    if _mutant_of(item) is not None:
-        _write(item.config, running=None)
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Point this process's stdout and stderr (the descriptors, so faulthandler and
+    libzmq's messages too) at ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with path.open("w", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
 
 
-def _write(config: pytest.Config, *, running: dict[str, Any] | None) -> None:
-    """The report so far, and the test in progress: if the process dies (a mutant that
-    aborts inside libzmq), the caller still knows which test of which mutant it was."""
-    path = config.getoption("selfcheck_batch_report")
-    if path:
-        Path(path).write_text(json.dumps({"results": _results, "running": running}))
+def write_spec(path: Path, jobs: Sequence[Job], settings: RunSettings, shared: Path,
+               budget_s: float | None) -> None:
+    data: dict[str, Any] = {
+        "shared": str(shared),
+        "budget_s": budget_s,
+        "settings": {"profile": settings.profile, "seed": settings.seed,
+                     "shrink_seconds": settings.shrink_seconds,
+                     "contract": settings.contract, "run_args": list(settings.run_args)},
+        "jobs": [{"tag": j.tag, "factory": j.factory, "clauses": list(j.clauses)}
+                 for j in jobs],
+    }
+    path.write_text(json.dumps(data), encoding="utf-8")
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    name = _names.get(report.nodeid)
-    if name is None:
-        return
-    if report.failed:
-        _killed.add(name)
-    if report.when == "call" or report.outcome != "passed":
-        _results[name].append(
-            {"test": report.nodeid, "when": report.when, "outcome": report.outcome,
-             "text": report.longreprtext[-4000:] if report.failed else ""})
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m conformance.selfcheck.batch SPEC.json`` (written by :func:`write_spec`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m conformance.selfcheck.batch SPEC.json", file=sys.stderr)
+        return 2
+    data = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    raw = data["settings"]
+    settings = RunSettings(str(raw["profile"]), int(raw["seed"]), int(raw["shrink_seconds"]),
+                           str(raw["contract"]), tuple(raw["run_args"]))
+    jobs = [Job(str(j["tag"]), str(j["factory"]), tuple(j["clauses"])) for j in data["jobs"]]
+    budget = data.get("budget_s")
+    run_jobs(jobs, settings, Path(data["shared"]),
+             budget_s=None if budget is None else float(budget))
+    return 0
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    for item in session.items:
-        name = _mutant_of(item)
-        if name is not None:
-            _names[item.nodeid] = name
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _mutants(session.config):
-        _write(session.config, running=None)
+if __name__ == "__main__":
+    sys.exit(main())

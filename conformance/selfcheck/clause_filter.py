@@ -13,23 +13,24 @@ failure (its own cap is five minutes). Against a mutant, a failing example
 often waits out a harness deadline, so every shrink step costs seconds; the
 self-check needs the kill, not the minimal example. The cap is Hypothesis's
 module constant ``MAX_SHRINKING_SECONDS``, patched in this process only.
-``0`` skips shrinking altogether on the kept ``@given`` tests (their shrink and
-explain phases are dropped, and so is the example database): a failing example
-is then reported after two runs (the failure and Hypothesis's replay of it),
-which is what a kill needs.
-
-Among tests of equal breadth, plain tests run before ``@given`` ones: a plain
-test fails after one run, a ``@given`` one after at least two.
+``0`` turns shrinking off: the kept Hypothesis tests run without the shrink
+phase (the first failing example is reported as found), and a stateful
+machine, whose settings are built at call time, stops shrinking at its first
+step. A kill needs only a failing example.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
 OPTION = "--selfcheck-clause"
 SHRINK_OPTION = "--selfcheck-shrink-seconds"
+#: Where a test function's own settings are kept while shrinking is off.
+_SAVED = "_selfcheck_saved_settings"
+_patched: list[Any] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,11 +59,31 @@ def pytest_configure(config: pytest.Config) -> None:
     engine.MAX_SHRINKING_SECONDS = max(0, seconds)
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Give back the test functions' own settings (a process may run several sessions)."""
+    while _patched:
+        function = _patched.pop()
+        function._hypothesis_internal_use_settings = getattr(function, _SAVED)
+        delattr(function, _SAVED)
+
+
+def _without_shrinking(items: list[pytest.Item]) -> None:
+    """Drop the shrink phase from the settings of the Hypothesis tests in ``items``."""
+    from hypothesis import Phase, settings
+
+    for item in items:
+        function = getattr(item, "obj", None)
+        if not getattr(function, "is_hypothesis_test", False) or hasattr(function, _SAVED):
+            continue
+        own = function._hypothesis_internal_use_settings  # type: ignore[union-attr]
+        setattr(function, _SAVED, own)
+        function._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
+            own, phases=[p for p in own.phases if p is not Phase.shrink])
+        _patched.append(function)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("selfcheck_shrink_seconds") == 0:
-        for item in items:
-            _without_shrinking(item)
     wanted = set(config.getoption("selfcheck_clauses") or ())
     if not wanted:
         return
@@ -75,29 +96,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # with -x the run stops at the first kill, and specific tests kill fastest.
     keep.sort(key=_breadth)
     items[:] = keep
+    if config.getoption("selfcheck_shrink_seconds") == 0:
+        _without_shrinking(keep)
     if drop:
         config.hook.pytest_deselected(items=drop)
 
 
-def _breadth(item: pytest.Item) -> tuple[int, bool]:
-    clauses = {value for marker in item.iter_markers("clause") for value in marker.args}
-    return len(clauses), _is_given(item)
-
-
-def _is_given(item: pytest.Item) -> bool:
-    return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
-
-
-def _without_shrinking(item: pytest.Item) -> None:
-    """Drop the shrink and explain phases from a ``@given`` test's settings, and its
-    example database: the run is decided by the seed alone, not by failures saved by
-    earlier runs (each would be replayed first, and each failure of a mutant can
-    cost a harness deadline). Hypothesis reads the settings at call time."""
-    if not _is_given(item):
-        return
-    from hypothesis import Phase, settings
-
-    test = item.obj  # type: ignore[attr-defined]
-    current = test._hypothesis_internal_use_settings
-    phases = [p for p in current.phases if p not in (Phase.shrink, Phase.explain)]
-    test._hypothesis_internal_use_settings = settings(current, phases=phases, database=None)
+def _breadth(item: pytest.Item) -> int:
+    return len({value for marker in item.iter_markers("clause") for value in marker.args})

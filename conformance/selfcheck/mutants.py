@@ -79,6 +79,11 @@ class Mutant:
             ``--chaos``.
         base: the unmutated factory it derives from; self-check runs it too and
             it must pass every selected clause.
+        isolate: its targeted run needs a process of its own (the default): its
+            defect can hang, abort or spin, or leaves threads, sockets or a
+            context behind after its tests. ``False`` lets self-check run it in
+            one process with other such mutants (:mod:`conformance.selfcheck.batch`),
+            which saves the start-up of a run per mutant.
     """
 
     name: str
@@ -88,6 +93,7 @@ class Mutant:
     clauses: tuple[str, ...]
     chaos: bool = False
     base: str = DEFAULT_TRANSPORT
+    isolate: bool = True
 
 
 def validate(mutants: Sequence[Mutant], *, origin: str = "catalog") -> None:

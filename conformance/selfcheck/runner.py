@@ -16,8 +16,12 @@ re-run of a failing test can wait out a harness deadline). Control runs keep
 the default re-runs: should a control fail, the report tells a race in the
 base transport (``flaky``) from a deterministic defect (``failed``).
 
-Runs are independent processes, ``-n`` at a time (default 2). Each gets its
-own Hypothesis database (``HYPOTHESIS_STORAGE_DIRECTORY``) so a failure found
+Runs are independent processes, ``-n`` at a time (default 2). The targeted
+runs of mutants that do not need a process of their own (``isolate`` false;
+not with ``--chaos``) share *batch drivers* (:mod:`conformance.selfcheck.batch`),
+one pytest session per mutant in one process, which saves the start-up of a
+run per mutant; a mutant whose run took its driver down runs again alone.
+Each run gets its own Hypothesis database (``HYPOTHESIS_STORAGE_DIRECTORY``) so a failure found
 for one mutant is never replayed against another, and the same Hypothesis
 seed (``--seed``) so a kill matrix is reproducible.
 
@@ -29,6 +33,7 @@ error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,7 +52,7 @@ from typing import Any, Final
 from conformance import contracts, lifeline, profiles
 from conformance.clauses import CLAUSES
 from conformance.errors import ConfigError
-from conformance.selfcheck import clause_filter
+from conformance.selfcheck import batch, clause_filter
 from conformance.selfcheck.mutants import Mutant, load_catalog
 
 __all__ = [
@@ -57,6 +63,7 @@ __all__ = [
     "counterexample_steps",
     "main",
     "run_selfcheck",
+    "targeted_run",
 ]
 
 PROG = "zmq-conformance self-check"
@@ -153,6 +160,9 @@ class _Config:
     run_args: tuple[str, ...]
     workdir: Path
     contract: str = "p2p"
+    #: Where the runs cache compiled bytecode (``PYTHONPYCACHEPREFIX``), shared by
+    #: all of them; ``None``: as the environment says.
+    pycache: Path | None = None
 
 
 def counterexample_steps(text: str | None) -> int:
@@ -166,9 +176,23 @@ def counterexample_steps(text: str | None) -> int:
     return len(steps) or 1
 
 
-def _child_env(storage: Path) -> dict[str, str]:
+def _child_env(storage: Path, pycache: Path | None = None) -> dict[str, str]:
+    """The environment of a run: its own Hypothesis database, the project importable,
+    and (``pycache``) a bytecode cache shared by the runs.
+
+    Every run is a pytest process (and an xdist worker) that imports and
+    assertion-rewrites the same modules, Hypothesis's among them (pytest
+    rewrites the modules of every plugin's distribution); where bytecode is
+    not written (``PYTHONDONTWRITEBYTECODE``), each one redoes that, about
+    half a second per process. A cache under ``pycache`` (the self-check's
+    scratch directory) is written once and read by the runs after, and
+    nothing lands next to the sources.
+    """
     env = dict(os.environ)
     env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
+    if pycache is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(_PROJECT_ROOT) + (os.pathsep + path if path else "")
     env.pop("PYTEST_ADDOPTS", None)
@@ -176,12 +200,16 @@ def _child_env(storage: Path) -> dict[str, str]:
 
 
 def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, tag: str,
-              stop_at_first_failure: bool, reruns: int | None = None) -> SuiteRun:
+              stop_at_first_failure: bool, reruns: int | None = None,
+              rundir: Path | None = None) -> SuiteRun:
     """Run the suite against ``factory`` in a child process; ``clauses=None``: all of it.
 
     ``reruns`` is passed as ``--reruns`` (``None``: the suite's default).
+    ``rundir``: where the run's verdicts and output go (default: a new
+    directory in the work directory).
     """
-    rundir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=config.workdir))
+    if rundir is None:
+        rundir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=config.workdir))
     json_path = rundir / "verdicts.json"
     command = [
         sys.executable, "-m", "conformance.cli", "run",
@@ -208,7 +236,7 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
             # The job's thread waits for the run, so the run (and, through the
             # CLI's own supervision, everything it starts) dies with self-check.
             proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
-                                  env=_child_env(rundir / "hypothesis"),
+                                  env=_child_env(rundir / "hypothesis", config.pycache),
                                   timeout=config.run_timeout,
                                   preexec_fn=lifeline.preexec(thread_outlives_child=True))
             code: int | None = proc.returncode
@@ -218,6 +246,11 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
     tail = _tail(log_path)
     if code is None:
         return SuiteRun("timeout", seconds, log_tail=tail)
+    return _suite_run(json_path, code, seconds, tail)
+
+
+def _suite_run(json_path: Path, code: int, seconds: float, tail: str) -> SuiteRun:
+    """What a finished run's verdicts (``json_path``) and exit status say."""
     try:
         data = json.loads(json_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -249,13 +282,149 @@ def _targets(mutant: Mutant, chaos: bool) -> list[str]:
     return [c for c in mutant.clauses if chaos or not CLAUSES[c].chaos]
 
 
-def check_mutant(mutant: Mutant, config: _Config) -> MutantResult:
-    """Targeted run first; the whole suite only if the targeted run does not kill."""
+def _batches(mutant: Mutant, config: _Config) -> bool:
+    return not mutant.isolate and not config.chaos and not _is_control(mutant)
+
+
+def _is_control(entry: Mutant) -> bool:
+    """An entry whose factory is its own base is no mutant: a control, whose run must
+    pass every target clause (so it runs them all, with the suite's re-runs)."""
+    return entry.factory == entry.base
+
+
+def _stage_run(entry: Mutant, config: _Config, rundir: Path | None = None) -> SuiteRun:
+    """The targeted run of ``entry`` under the CLI: a mutant's stops at its first
+    failure and never re-runs (a kill is a kill); a control's runs everything."""
+    if _is_control(entry):
+        return run_suite(entry.factory, _targets(entry, config.chaos), config,
+                         tag=f"{entry.name}-targeted", stop_at_first_failure=False,
+                         rundir=rundir)
+    return run_suite(entry.factory, _targets(entry, config.chaos), config,
+                     tag=f"{entry.name}-targeted", stop_at_first_failure=True, reruns=0,
+                     rundir=rundir)
+
+
+def _run_batch(mutants: Sequence[Mutant], config: _Config, shared: Path,
+               budget_s: float | None) -> None:
+    """One batch driver over ``mutants`` (claiming each just before it runs it)."""
+    name = uuid.uuid4().hex[:12]
+    spec = shared / f".batch-{name}.json"
+    jobs = [batch.Job(m.name, m.factory, tuple(_targets(m, False))) for m in mutants]
+    settings = batch.RunSettings(config.profile, config.seed, config.shrink_seconds,
+                                 config.contract, config.run_args)
+    batch.write_spec(spec, jobs, settings, shared, budget_s)
+    command = [sys.executable, "-m", "conformance.selfcheck.batch", str(spec)]
+    # Each run bounded as a lone run is; with a budget, only the last starts after it.
+    limit = config.run_timeout + (config.run_timeout * (len(jobs) - 1) if budget_s is None
+                                  else budget_s)
+    log_path = shared / f".batch-{name}.log"
+    with log_path.open("w", encoding="utf-8") as log, \
+            contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
+                       env=_child_env(shared / f".hypothesis-{name}", config.pycache),
+                       timeout=limit,
+                       preexec_fn=lifeline.preexec(thread_outlives_child=True))
+
+
+def _run_alone(mutant: Mutant, config: _Config, shared: Path) -> None:
+    """The targeted run of ``mutant`` (claimed by the caller) under the CLI, its result
+    left in ``shared`` as a batch driver leaves its runs."""
+    rundir = shared / mutant.name
+    run = _stage_run(mutant, config, rundir)
+    done = {"exit_code": run.exit_code, "seconds": round(run.seconds, 3),
+            "timeout": run.status == "timeout"}
+    tmp = rundir / (batch.DONE + ".tmp")
+    tmp.write_text(json.dumps(done), encoding="utf-8")
+    tmp.replace(rundir / batch.DONE)
+
+
+def _read_run(shared: Path, mutant: Mutant) -> SuiteRun:
+    rundir = shared / mutant.name
+    done = json.loads((rundir / batch.DONE).read_text(encoding="utf-8"))
+    tail = _tail(rundir / batch.LOG)
+    if done.get("timeout"):
+        return SuiteRun("timeout", float(done["seconds"]), log_tail=tail)
+    code = done.get("exit_code")
+    return _suite_run(rundir / batch.VERDICTS, -1 if code is None else int(code),
+                      float(done["seconds"]), tail)
+
+
+def _lane(order: Sequence[Mutant], config: _Config, shared: Path,
+          budget_s: float | None, skip: int = 0) -> None:
+    """Work through ``order``'s unclaimed targeted runs until ``budget_s`` has passed: a
+    mutant that needs a process of its own alone under the CLI; the others in a batch
+    driver, which goes on with the batchable mutants after it. The first pick skips
+    ``skip`` unclaimed runs (lanes started together start on different runs)."""
+    started = time.monotonic()
+
+    def left() -> float | None:
+        return None if budget_s is None else budget_s - (time.monotonic() - started)
+
+    while (remaining := left()) is None or remaining > 0:
+        pending = [m for m in order if batch.state(shared, m.name) == "unclaimed"]
+        if not pending:
+            return
+        first = pending[min(skip, len(pending) - 1)]
+        skip = 0
+        if _batches(first, config):
+            _run_batch([m for m in pending if _batches(m, config)], config, shared, remaining)
+            if batch.state(shared, first.name) != "unclaimed":
+                continue
+            # The driver never got to its first run (it could not start): alone.
+        if batch.claim(shared, first.name):
+            _run_alone(first, config, shared)
+
+
+def targeted_run(mutant: Mutant, config: _Config, shared: Path, *,
+                 others: Sequence[Mutant] = (), budget_s: float | None = None,
+                 lanes: int = 1) -> SuiteRun:
+    """The run of ``mutant``'s target clauses (stopping at the first failure, no re-runs).
+
+    Runs are shared through ``shared`` (see :mod:`conformance.selfcheck.batch`):
+    when no one has claimed ``mutant``'s run yet, this call starts ``lanes``
+    lanes over ``mutant`` then ``others``, which go on claiming runs until
+    ``budget_s`` has passed (each run started is finished); when someone
+    has, it waits for that run. A mutant that needs no process of its own runs
+    in a batch driver; the others, and a run lost with its driver, run alone
+    under the CLI. An entry whose factory is its base is a control (see
+    :func:`_is_control`).
+    """
+    shared.mkdir(parents=True, exist_ok=True)
+    order = [mutant, *(m for m in others if m is not mutant)]
+    deadline = time.monotonic() + config.run_timeout * 2 + (budget_s or 0.0)
+    started_own = False
+    while time.monotonic() < deadline:
+        where = batch.state(shared, mutant.name)
+        if where == "done":
+            return _read_run(shared, mutant)
+        if where == "lost" or (where == "unclaimed" and started_own):
+            break
+        if where == "unclaimed":
+            started_own = True
+            with ThreadPoolExecutor(max_workers=max(1, lanes)) as pool:
+                for future in [pool.submit(_lane, order, config, shared, budget_s, lane)
+                               for lane in range(max(1, lanes))]:
+                    future.result()
+        else:
+            time.sleep(0.05)
+    # Lost with its driver (or never started): alone, outside the shared directory.
+    return _stage_run(mutant, config)
+
+
+def check_mutant(mutant: Mutant, config: _Config,
+                 targeted: SuiteRun | None = None) -> MutantResult:
+    """Targeted run first; the whole suite only if the targeted run does not kill.
+
+    ``targeted``: the targeted run, already done (by a batch driver).
+    """
     total = 0.0
     notes: list[str] = []
     for stage, clauses in (("targeted", _targets(mutant, config.chaos)), ("full", None)):
-        run = run_suite(mutant.factory, clauses, config, tag=f"{mutant.name}-{stage}",
-                        stop_at_first_failure=True, reruns=0)
+        if stage == "targeted" and targeted is not None:
+            run = targeted
+        else:
+            run = run_suite(mutant.factory, clauses, config, tag=f"{mutant.name}-{stage}",
+                            stop_at_first_failure=True, reruns=0)
         total += run.seconds
         if run.status == "timeout":
             return MutantResult(mutant, "hung", [], total, None, stage,
@@ -310,15 +479,25 @@ def run_selfcheck(
                + (f" {result.detail}" if result.detail else ""))
         return result
 
+    shared = config.workdir / "targeted"
+    shared.mkdir(parents=True, exist_ok=True)
+
     def mutant_job(mutant: Mutant) -> MutantResult:
-        result = check_mutant(mutant, config)
+        targeted = targeted_run(mutant, config, shared, others=mutants)
+        result = check_mutant(mutant, config, targeted)
         by = ",".join(result.clauses) or "-"
         report(f"  {mutant.name}: {result.status} by {by} ({result.seconds:.1f} s)")
         return result
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         control_futures = [pool.submit(control_job, b) for b in bases]
+        # Lanes first: they share the targeted runs out; each mutant's job then
+        # finds its run done (or waits for it) and goes on to the full suite if needed.
+        lanes = [pool.submit(_lane, mutants, config, shared, None, lane)
+                 for lane in range(max(1, workers - len(bases)))]
         mutant_futures = [pool.submit(mutant_job, m) for m in mutants]
+        for lane in lanes:
+            lane.result()
         control_results = [f.result() for f in control_futures]
         mutant_results = [f.result() for f in mutant_futures]
     return mutant_results, control_results
@@ -425,7 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="SECONDS", help="a suite run longer than this counts as hung")
     parser.add_argument("--shrink-seconds", type=int, default=DEFAULT_SHRINK_S, metavar="SECONDS",
                         help="cap Hypothesis shrinking per failing test (default "
-                             f"{DEFAULT_SHRINK_S}; Hypothesis alone allows 300)")
+                             f"{DEFAULT_SHRINK_S}; Hypothesis alone allows 300; 0: no "
+                             "shrinking, the same kills with unshrunk counterexamples)")
     parser.add_argument("--xfail-file", metavar="PATH",
                         help="pass this expected-failure list to every run (to check that "
                              "it hides no real bug)")
@@ -479,7 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(args.keep_logs).resolve() if args.keep_logs else Path(scratch)
         workdir.mkdir(parents=True, exist_ok=True)
         config = _Config(args.profile, args.seed, args.chaos, args.run_timeout,
-                         args.shrink_seconds, run_args, workdir, args.contract)
+                         args.shrink_seconds, run_args, workdir, args.contract,
+                         pycache=Path(scratch) / "pycache")
         print(f"{PROG}: contract {args.contract}, {len(selected)} mutant(s), "
               f"profile {args.profile}, seed {args.seed}, "
               f"{args.workers} at a time", flush=True)

@@ -136,8 +136,12 @@ FAILURE_MODES: Final[dict[str, FailureMode]] = _modes(
 
 
 def _m(name: str, cls: str, description: str, models: str, *clauses: str,
-       chaos: bool = False) -> Mutant:
-    return Mutant(name, f"{_T}:{cls}", description, models, tuple(clauses), chaos=chaos)
+       chaos: bool = False, isolate: bool = False) -> Mutant:
+    """A mutant of :mod:`~conformance.contracts.p2p.transports`. Its targeted run shares
+    a process with others unless it is chaos or ``isolate`` (its defect outlives its
+    tests: a hang, an abort, a spin, a leaked context, a per-process random state)."""
+    return Mutant(name, f"{_T}:{cls}", description, models, tuple(clauses), chaos=chaos,
+                  isolate=isolate or chaos)
 
 
 #: The built-in catalog, derived from the reference transport.
@@ -234,7 +238,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "hidden-size-limit", "MSG-1", "MSG-2"),
     _m("drops_sends_at_random", "DropsSendsAtRandom",
        "send() silently loses about one message in 3000 (fixed-seed generator per process)",
-       "racy-loss", "MSG-2"),
+       "racy-loss", "MSG-2", isolate=True),
     _m("reorders_messages", "ReordersMessages",
        "of two sends between polls, the second goes out first",
        "reordering", "MSG-2"),
@@ -247,7 +251,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "recv-aliasing", "MSG-3"),
     _m("send_blocks_at_hwm", "SendBlocksAtHwm",
        "send() is a blocking libzmq send: instant below the high-water mark, stuck at it",
-       "blocking-send-at-hwm", "MSG-4"),
+       "blocking-send-at-hwm", "MSG-4", isolate=True),
     _m("send_unchecked_size", "SendUncheckedSize",
        "send() does not enforce the size limit; only the receiver's MAXMSGSIZE does",
        "size-limit-one-side", "MSG-5"),
@@ -257,25 +261,25 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     # -- resources
     _m("close_leaks_context", "CloseLeaksContext",
        "transport close() closes every socket but never terminates its context",
-       "context-leak", "RES-1"),
+       "context-leak", "RES-1", isolate=True),
     _m("close_abandons_context", "CloseAbandonsContext",
        "transport close() closes the ROUTER but leaves DEALERs, monitors and the context "
        "open and drops its references to them",
-       "context-abandoned", "RES-1"),
+       "context-abandoned", "RES-1", isolate=True),
     # -- misbehaving processes: each must end in its verdict, never in a hung run
     _m("close_never_returns", "CloseNeverReturns",
        "transport close() waits forever for an answer that never comes",
-       "call-never-returns", "CONN-5", "RES-1"),
+       "call-never-returns", "CONN-5", "RES-1", isolate=True),
     _m("aborts_in_send", "AbortsInSend",
        "send() on an outbound connection aborts the process (SIGABRT)",
-       "process-crash", "CONN-1", "MSG-1"),
+       "process-crash", "CONN-1", "MSG-1", isolate=True),
     _m("poll_spins", "PollSpins",
        "poll() busy-waits forever once a connection is registered",
-       "poll-spins", "CONN-1", "POLL-1"),
+       "poll-spins", "CONN-1", "POLL-1", isolate=True),
     _m("bounded_receive_queue", "BoundedReceiveQueue",
        "libzmq's default receive high-water mark (1,000) on heartbeated sockets: a peer "
        "that fills the queue and vanishes aborts the process",
-       "bounded-queue-abort", "SEC-1"),
+       "bounded-queue-abort", "SEC-1", isolate=True),
     # -- heartbeats under faults (chaos)
     _m("heartbeat_not_applied", "HeartbeatNotApplied",
        "no ZMTP heartbeat option on any socket",

@@ -218,6 +218,8 @@ def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: Transpor
 #: high-water mark (libzmq's default is 1,000), few enough to sit in the TCP buffers, so
 #: the peer's close follows the last byte at once.
 _QUEUE_FILLER = 20_000
+#: The node's heartbeat timeout in that test: far longer than the flood takes.
+_LONG_TIMEOUT_MS = 10_000
 
 
 @pytest.mark.clause("SEC-1")
@@ -231,12 +233,15 @@ def test_peer_that_fills_the_queue_then_vanishes_cannot_crash_the_node(
     peer is bounded and ZMTP heartbeats are on: the close marks the engine that
     stopped reading (queue full) as failed, and the next heartbeat interval
     writes to it (``Assertion failed: !_io_error``). The node is left unpolled
-    for three heartbeat intervals so that the timer fires; a crash is reported
-    as ``crashed``.
+    for a second plus three heartbeat intervals so that the timer fires; a
+    crash is reported as ``crashed``. A configurable node gets a long heartbeat
+    timeout here, so that a slow flood on a loaded machine cannot let the
+    timeout close the stopped connection cleanly first.
     """
     ivl_s = (zmq_transport_spec.heartbeat_ivl_ms or 100) / 1000
     with Cluster(zmq_transport_spec) as cluster:
-        a, b = cluster.add_node("a"), cluster.add_node("b")
+        a = cluster.add_node("a")
+        b = cluster.add_node("b", heartbeat_timeout_ms=_LONG_TIMEOUT_MS)
         out, inbound = handshake(a, b)
         hostile = HostilePeer(b.local_id, sndhwm=0)
         try:
@@ -245,7 +250,7 @@ def test_peer_that_fills_the_queue_then_vanishes_cannot_crash_the_node(
         finally:
             # Flush the flood, then close: the connection ends right after its last byte.
             hostile.close(linger_ms=2000)
-        cluster.drive(3 * ivl_s + 0.2, nodes=[a])  # b is left alone: its queue stays full
+        cluster.drive(1.0 + 3 * ivl_s, nodes=[a])  # b is left alone: its queue stays full
         _honest_exchange(cluster, out, inbound, "after-a-vanished-flooder")
 
 
