@@ -261,7 +261,7 @@ def test_publisher_restart_is_recognised(
 
 #: Batches published while the subscriber is busy elsewhere: more than the receive
 #: queue a subscriber is likely to bound itself to (the reference kept 100,000).
-_BACKLOG = 250_000
+_BACKLOG = 150_000
 
 
 @pytest.mark.clause("EVS-4")
