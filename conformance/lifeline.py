@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["bind_to_parent", "preexec"]
+__all__ = ["bind_to_parent", "preexec", "process_alive"]
 
 _PR_SET_PDEATHSIG = 1
 #: How often the watcher thread checks whether the parent is still there.
@@ -94,3 +94,14 @@ def bind_to_parent(
         action()
 
     threading.Thread(target=watch, name="zmq-conformance-lifeline", daemon=True).start()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists (one of another user's counts too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

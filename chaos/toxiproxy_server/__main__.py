@@ -25,6 +25,7 @@ from pathlib import Path
 
 from chaos.toxiproxy_server.errors import ApiError
 from chaos.toxiproxy_server.server import EmbeddedServer
+from conformance import lifeline
 
 _log = logging.getLogger("chaos.toxiproxy_server")
 
@@ -59,13 +60,7 @@ def _write_port_file(path: str, port: int) -> None:
 def _parent_alive(pid: int, *, direct: bool) -> bool:
     if direct and os.getppid() != pid:  # reparented: our parent died
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return lifeline.process_alive(pid)
 
 
 async def _watch_parent(pid: int, stop: asyncio.Event) -> None:

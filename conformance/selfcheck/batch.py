@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from conformance import lifeline
+
 __all__ = ["CLAIM", "DONE", "Job", "RunSettings", "claim", "main", "state"]
 
 #: In a run's directory: the claiming driver's process id.
@@ -94,19 +96,9 @@ def state(shared: Path, tag: str) -> str:
         pid = int((rundir / CLAIM).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return "running"  # claimed a moment ago; the id follows
-    if _alive(pid):
+    if lifeline.process_alive(pid):
         return "running"
     return "done" if (rundir / DONE).exists() else "lost"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def pytest_args(job: Job, settings: RunSettings, rundir: Path) -> list[str]:
