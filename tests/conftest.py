@@ -8,16 +8,26 @@ Measured on 2 cores with 2 workers, the CPUs were busy 57% of the run. So
 are handed out first, so that no worker is left with a long test while the
 others have finished (longest first is the classic rule for packing jobs
 onto machines). Children the tests start share one bytecode cache
-(:data:`plugin_project.PYCACHE`): with ``PYTHONDONTWRITEBYTECODE`` set, every
+(:data:`PYCACHE`): with ``PYTHONDONTWRITEBYTECODE`` set, every
 pytest child would otherwise compile and assertion-rewrite Hypothesis anew.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
-from plugin_project import PYCACHE
+
+#: Compiled bytecode of the child processes the project's tests start, shared by all
+#: of them (and kept between sessions; Python checks each entry against its source).
+#: Each child is a pytest process, often with xdist workers, that imports and
+#: assertion-rewrites the same modules (all of Hypothesis: pytest rewrites the
+#: modules of every plugin's distribution); without a cache, as when
+#: PYTHONDONTWRITEBYTECODE is set, each redoes that: about half a second apiece.
+PYCACHE = Path(tempfile.gettempdir()) / f"zmq-conformance-tests-pycache-{getpass.getuser()}"
 
 #: Files whose tests take seconds each (children and deadlines), slowest first.
 _SLOW_FILES = (

@@ -10,12 +10,10 @@ logic: what is under test here is the plugin, not ZeroMQ.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -26,13 +24,6 @@ from conformance.cli import _plugin_autoloaded
 
 REPO_ROOT = Path(conformance.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120
-#: Compiled bytecode of the child processes the project's tests start, shared by all
-#: of them (and kept between sessions; Python checks each entry against its source).
-#: Each child is a pytest process, often with xdist workers, that imports and
-#: assertion-rewrites the same modules (all of Hypothesis: pytest rewrites the
-#: modules of every plugin's distribution); without a cache, as when
-#: PYTHONDONTWRITEBYTECODE is set, each redoes that: about half a second apiece.
-PYCACHE = Path(tempfile.gettempdir()) / f"zmq-conformance-tests-pycache-{getpass.getuser()}"
 
 FAKES = '''
 """Tiny in-memory transports with known defects."""
@@ -197,19 +188,11 @@ def make_project(root: Path) -> Path:
     return root
 
 
-def with_bytecode_cache(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the shared bytecode cache (:data:`PYCACHE`) for a child process."""
-    env = dict(env)
-    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
-
-
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = with_bytecode_cache({
+    env = {
         k: v for k, v in os.environ.items()
         if not k.startswith(("PYTEST_", "ZMQ_CONFORMANCE_", "TINY_")) and k != "COV_CORE_SOURCE"
-    })
+    }
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
     )

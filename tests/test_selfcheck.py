@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from plugin_project import PYCACHE
 
 from conformance.clauses import CLAUSES
 from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
@@ -314,7 +313,7 @@ _LANES = 3
 def _config(tmp_path: Path, *, shrink_seconds: int = runner.DEFAULT_SHRINK_S) -> runner._Config:
     return runner._Config(
         profile="ci", seed=runner.DEFAULT_SEED, chaos=False, run_timeout=600.0,
-        shrink_seconds=shrink_seconds, run_args=(), workdir=tmp_path, pycache=PYCACHE,
+        shrink_seconds=shrink_seconds, run_args=(), workdir=tmp_path,
     )
 
 

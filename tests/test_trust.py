@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
-from plugin_project import load_json, run_cli, with_bytecode_cache
+from plugin_project import load_json, run_cli
 
 from conformance.contracts.p2p.clauses import CLAUSES
 
@@ -119,7 +119,7 @@ def test_hang_the_watchdog_cannot_interrupt_is_blocked_with_the_stack(tmp_path: 
 
 def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     """A reference run with workers; returns once the CLI, pytest and 2 workers exist."""
-    env = with_bytecode_cache(dict(os.environ))
+    env = dict(os.environ)
     env.pop("PYTEST_ADDOPTS", None)
     cli = subprocess.Popen(
         [sys.executable, "-m", "conformance.cli", "run", "--json", "r.json", "-q",
