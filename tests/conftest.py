@@ -43,6 +43,7 @@ _SLOW_FILES = (
 )
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist may be absent (-p no:xdist)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: three workers per two cores (at least two workers)."""
     try:
