@@ -75,12 +75,19 @@ def groups(contract: str, suite: Path, catalog: Iterable[Any], *, alone: Sequenc
     return out
 
 
-def outcome(group: Group, factory: pytest.TempPathFactory, worker_id: str) -> Outcome:
-    """The group's report, running its child unless this session already did."""
+def session_dir(factory: pytest.TempPathFactory) -> Path:
+    """This test session's temporary directory, the same for all its xdist workers.
+
+    A worker's basetemp (``popen-gwN``) sits in the session's; without xdist
+    the basetemp is the session's.
+    """
     base = factory.getbasetemp()
-    # Under xdist the parent of a worker's basetemp is this session's, shared by all
-    # workers; without xdist the basetemp itself is this session's.
-    shared = base.parent if worker_id != "master" else base
+    return base.parent if base.name.startswith("popen-gw") else base
+
+
+def outcome(group: Group, factory: pytest.TempPathFactory) -> Outcome:
+    """The group's report, running its child unless this session already did."""
+    shared = session_dir(factory)
     report = shared / f"selfcheck-{group.key}.json"
     with open(shared / f"selfcheck-{group.key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

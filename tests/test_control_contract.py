@@ -46,9 +46,9 @@ def test_reference_passes_the_contract_through_the_cli(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mutant", CATALOG, ids=lambda m: m.name)
-def test_mutant_is_killed_by_its_clause(mutant: Mutant, tmp_path_factory: pytest.TempPathFactory,
-                                        worker_id: str) -> None:
-    got = outcome(_GROUPS[mutant.name], tmp_path_factory, worker_id)
+def test_mutant_is_killed_by_its_clause(mutant: Mutant,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    got = outcome(_GROUPS[mutant.name], tmp_path_factory)
     # A failure names its clause, or is a call the watchdog caught (a "blocked" verdict
     # of the test's clause: the stalled server of ctl_blocking_reply_send).
     assert_killed(mutant.name, mutant.clauses, got, blocked_counts=True)

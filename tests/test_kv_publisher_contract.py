@@ -51,7 +51,7 @@ def test_reference_passes_the_contract(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mutant", CATALOG, ids=lambda m: m.name)
-def test_mutant_is_killed_by_its_clause(mutant: Mutant, tmp_path_factory: pytest.TempPathFactory,
-                                        worker_id: str) -> None:
-    got = outcome(_GROUPS[mutant.name], tmp_path_factory, worker_id)
+def test_mutant_is_killed_by_its_clause(mutant: Mutant,
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    got = outcome(_GROUPS[mutant.name], tmp_path_factory)
     assert_killed(mutant.name, mutant.clauses, got)

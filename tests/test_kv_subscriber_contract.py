@@ -72,11 +72,10 @@ def test_reference_passes_the_contract() -> None:
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_is_killed_by_its_clause(mutant: SubscriberMutant,
-                                        tmp_path_factory: pytest.TempPathFactory,
-                                        worker_id: str) -> None:
+                                        tmp_path_factory: pytest.TempPathFactory) -> None:
     if mutant.chaos:
         pytest.importorskip("toxiproxy")
-    got = outcome(_GROUPS[mutant.name], tmp_path_factory, worker_id)
+    got = outcome(_GROUPS[mutant.name], tmp_path_factory)
     # A crash (the process died in the clause's test) is a kill: evs_bounded_queue.
     assert_killed(mutant.name, mutant.clauses, got, crashed_counts=True)
     # The kill came from a test written for the clause.

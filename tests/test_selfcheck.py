@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _selfcheck_batch import session_dir
 
 from conformance.clauses import CLAUSES
 from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
@@ -321,8 +322,7 @@ def _config(tmp_path: Path, *, shrink_seconds: int = runner.DEFAULT_SHRINK_S) ->
 def batched_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the kill tests leave their targeted runs: one directory for the whole
     session, shared by the xdist workers, so each mutant runs once."""
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if base.name.startswith("popen-gw") else base) / "selfcheck-batched"
+    shared = session_dir(tmp_path_factory) / "selfcheck-batched"
     shared.mkdir(exist_ok=True)
     return shared
 
