@@ -1,0 +1,1 @@
+"""Run configuration shared by both faces: implementation, capabilities, contract, suite, profiles, fixtures."""
