@@ -1,1 +1,1 @@
-"""Run configuration shared by both faces: implementation, capabilities, contract, suite, profiles, fixtures."""
+"""Run configuration both faces share: implementation, capabilities, contract, suite, profiles."""

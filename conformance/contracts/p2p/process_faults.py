@@ -1,70 +1,29 @@
-"""Process faults: pause (SIGSTOP), resume (SIGCONT), kill (SIGKILL) and restart.
+"""Process faults on p2p nodes: pause (SIGSTOP), resume (SIGCONT), kill (SIGKILL) and restart.
 
 The faults a proxy cannot make. A paused node's kernel keeps its TCP
 connections open and ACKs what arrives, so only an application-level (ZMTP)
 heartbeat can tell it from a slow one; a killed node's kernel closes its
 connections at once. Both need the node in its own process: see
-:mod:`conformance.process_nodes`.
+:mod:`conformance.contracts.p2p.process_nodes`.
 
 :class:`ProcessCluster` builds *observer* nodes in the test process and
 *target* nodes in their own processes from the same transport spec, so the
 observers measure detection with nothing but their own ``poll()`` in the
 loop. :class:`ProcessFaults` makes and undoes the faults on targets and
-records, like the proxy faults of :mod:`chaos.faults`, when each was asked
-for (``started_at``) and when it was in place (``in_place_at``: the process
-is stopped, or gone), in ``time.monotonic()`` seconds.
+records each as a :class:`chaos.process_faults.ProcessFault`.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import dataclass, field
-from typing import Literal
 
-from conformance.harness import HOST, Cluster, Node
-from conformance.process_nodes import ProcessTransport, is_process_spec, process_spec
-from conformance.spec import TransportSpec
+from chaos.process_faults import ProcessFault
+from conformance.contracts.p2p.harness import Cluster, Node
+from conformance.contracts.p2p.process_nodes import ProcessTransport, is_process_spec, process_spec
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.testing.net import HOST
 
-__all__ = ["ProcessCluster", "ProcessFault", "ProcessFaults", "draw_pause_ms"]
-
-ProcessFaultKind = Literal["pause", "kill"]
-
-
-@dataclass
-class ProcessFault:
-    """One process fault on one node (times are ``time.monotonic()`` seconds)."""
-
-    kind: ProcessFaultKind
-    node: str
-    pid: int
-    started_at: float
-    in_place_at: float
-    ended_at: float | None = None
-    #: For a pause: how long it was meant to last (``None``: until resumed).
-    planned_ms: float | None = None
-    notes: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def active(self) -> bool:
-        return self.ended_at is None
-
-    @property
-    def duration_ms(self) -> float | None:
-        if self.ended_at is None:
-            return None
-        return (self.ended_at - self.in_place_at) * 1000
-
-    def describe(self) -> str:
-        planned = f" for {self.planned_ms:.0f} ms" if self.planned_ms is not None else ""
-        return f"{self.kind}{planned} of {self.node} (pid {self.pid})"
-
-
-def draw_pause_ms(rng: random.Random, low_ms: float, high_ms: float) -> float:
-    """A pause length drawn uniformly from ``[low_ms, high_ms]``."""
-    if not 0 <= low_ms <= high_ms:
-        raise ValueError(f"pause range [{low_ms}, {high_ms}] ms is empty or negative")
-    return rng.uniform(low_ms, high_ms)
+__all__ = ["ProcessCluster", "ProcessFaults"]
 
 
 class ProcessFaults:
