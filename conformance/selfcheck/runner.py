@@ -333,11 +333,8 @@ def _run_alone(mutant: Mutant, config: _Config, shared: Path) -> None:
     left in ``shared`` as a batch driver leaves its runs."""
     rundir = shared / mutant.name
     run = _stage_run(mutant, config, rundir)
-    done = {"exit_code": run.exit_code, "seconds": round(run.seconds, 3),
-            "timeout": run.status == "timeout"}
-    tmp = rundir / (batch.DONE + ".tmp")
-    tmp.write_text(json.dumps(done), encoding="utf-8")
-    tmp.replace(rundir / batch.DONE)
+    batch.finish(rundir, {"exit_code": run.exit_code, "seconds": round(run.seconds, 3),
+                          "timeout": run.status == "timeout"})
 
 
 def _read_run(shared: Path, mutant: Mutant) -> SuiteRun:
