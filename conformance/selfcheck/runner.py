@@ -161,7 +161,7 @@ class _Config:
     shrink_seconds: int
     run_args: tuple[str, ...]
     workdir: Path
-    contract: str = "p2p"
+    contract: str = contracts.DEFAULT_CONTRACT
     #: Where the runs cache compiled bytecode (``PYTHONPYCACHEPREFIX``), shared by
     #: all of them; ``None``: as the environment says.
     pycache: Path | None = None
