@@ -271,10 +271,7 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
 # -- the machine -----------------------------------------------------------------
 
 
-# No weight (collection.heaviest_first) on purpose: run first, its process
-# nodes start cold beside the cluster machine (65 s against 25 s at the end,
-# load 10-16 on 2 cores); last in its file, it finds the node-process pool
-# warmed by the PROC tests above.
+@pytest.mark.weight(8)
 @pytest.mark.clause("PROC-1", "PROC-3")
 def test_proc_chaos_machine(
     zmq_transport_spec: TransportSpec, toxiproxy: Toxiproxy, record_property: Recorder

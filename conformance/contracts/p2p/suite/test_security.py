@@ -181,6 +181,7 @@ def test_wrong_frame_counts(zmq_transport_spec: TransportSpec, frames: list[Any]
             _honest_exchange(cluster, out, inbound, "frames")
 
 
+@pytest.mark.weight(2)
 @pytest.mark.clause("SEC-1")
 def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: TransportSpec) -> None:
     """A flooding thread sends garbage and valid-looking messages while an honest peer talks.
