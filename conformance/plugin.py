@@ -73,9 +73,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "chaos: needs fault injection; runs only with --zmq-chaos / --chaos"
     )
-    config.addinivalue_line(
-        "markers", f"{collection.WEIGHT_MARKER}(n): relative run time; heavier tests run first"
-    )
     try:
         state = sessions.configure(config)
     except ConfigError as exc:
@@ -160,7 +157,6 @@ def pytest_collection_modifyitems(
         state.warnings = found
     collection.hold_back_chaos(session, config, items, tagged, chaos=state.chaos,
                                contract=state.contract, suite_dirs=state.suite_dirs)
-    collection.heaviest_first(items)
 
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_protocol")

@@ -6,10 +6,8 @@ arguments already cover them, so the suite never runs twice; with
 ``--zmq-conformance-only`` the arguments become the suite (or the arguments
 that point into it). :func:`suite_module` collects its ``test_*.py`` whatever
 the user's ``python_files``. :func:`tag_clause_tests` marks each test with the
-clauses it checks, :func:`hold_back_chaos` deselects chaos tests unless
-``--zmq-chaos`` is given, and :func:`heaviest_first` puts the tests marked
-``@pytest.mark.weight(n)`` first, heaviest first, so xdist workers finish
-together instead of one running a state machine alone at the end.
+clauses it checks, and :func:`hold_back_chaos` deselects chaos tests unless
+``--zmq-chaos`` is given.
 """
 
 from __future__ import annotations
@@ -24,13 +22,7 @@ from conformance.config import selection
 from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
 
-__all__ = [
-    "CLAUSES_KEY", "WEIGHT_MARKER", "extend_args", "heaviest_first", "hold_back_chaos",
-    "suite_module", "tag_clause_tests",
-]
-
-#: The marker of a test's relative run time (``@pytest.mark.weight(12)``).
-WEIGHT_MARKER = "weight"
+__all__ = ["CLAUSES_KEY", "extend_args", "hold_back_chaos", "suite_module", "tag_clause_tests"]
 
 #: A clause test's clause IDs (set at collection).
 CLAUSES_KEY = pytest.StashKey[tuple[str, ...]]()
@@ -148,31 +140,6 @@ def hold_back_chaos(
             held_ids = {id(i) for i in held}
             items[:] = [i for i in items if id(i) not in held_ids]
             config.hook.pytest_deselected(items=held)
-
-
-def heaviest_first(items: list[pytest.Item]) -> None:
-    """Reorder ``items`` in place: marked tests first, by descending weight; the rest
-    keep their order.
-
-    xdist's ``load`` scheduler hands tests out in collection order; with a
-    heavy test collected last, one worker runs it alone while the other
-    idles. Longest first (LPT) keeps the tail of the run short: the tests
-    left at the end are the short ones. The CLI also caps xdist's chunks
-    at one test (``--maxschedchunk 1``), so a worker never holds a queue
-    of heavy tests the other could be running.
-    """
-    def weight(item: pytest.Item) -> float:
-        marker = item.get_closest_marker(WEIGHT_MARKER)
-        if marker is None:
-            return 0.0
-        if len(marker.args) != 1 or not isinstance(marker.args[0], (int, float)):
-            raise pytest.UsageError(
-                f"{item.nodeid}: @pytest.mark.{WEIGHT_MARKER}(n) takes one number, not "
-                f"{marker.args!r}"
-            )
-        return float(marker.args[0])
-
-    items[:] = sorted(items, key=lambda item: -weight(item))
 
 
 def _builtin_suite_dirs(contract: str) -> list[Path]:

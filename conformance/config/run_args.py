@@ -133,11 +133,7 @@ def pytest_args(
     if workers != "0":
         if importlib.util.find_spec("xdist") is None:
             raise ConfigError("-n: pytest-xdist is not installed (pip install pytest-xdist)")
-        # One test per hand-out: with the heaviest tests collected first
-        # (collection.heaviest_first), no worker queues a second state
-        # machine while the other runs short tests and then idles.
-        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}",
-                "--maxschedchunk=1"]
+        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}"]
     if args.stall_limit is not None:
         if not args.stall_limit > 0:
             raise ConfigError(f"--stall-limit={args.stall_limit!r}: expected a positive number")

@@ -20,7 +20,6 @@ from conformance.contracts.p2p.spec import TransportSpec
 pytestmark = pytest.mark.chaos
 
 
-@pytest.mark.weight(8)
 @pytest.mark.clause("HB-2", "HB-5", "HB-6")
 def test_chaos_machine(
     zmq_transport_spec: TransportSpec,

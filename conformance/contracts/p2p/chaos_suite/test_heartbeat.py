@@ -188,7 +188,6 @@ def test_hb1_silent_partition_detected_on_both_sides_within_window(
 # -- HB-2 ----------------------------------------------------------------------
 
 
-@pytest.mark.weight(2)
 @pytest.mark.clause("HB-2")
 def test_hb2_latency_and_jitter_below_timeout_cause_no_false_death(
     chaos_cluster: ChaosCluster, zmq_transport_spec: TransportSpec, record_property: Recorder

@@ -271,7 +271,6 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
 # -- the machine -----------------------------------------------------------------
 
 
-@pytest.mark.weight(8)
 @pytest.mark.clause("PROC-1", "PROC-3")
 def test_proc_chaos_machine(
     zmq_transport_spec: TransportSpec, toxiproxy: Toxiproxy, record_property: Recorder

@@ -56,7 +56,6 @@ def _wait_for_message(
     return seen
 
 
-@pytest.mark.weight(4)
 @pytest.mark.clause("CONN-1")
 @profiles.suite_settings()
 @given(batch=st.lists(messages(max_leaves=6), min_size=1, max_size=5), land_first=st.booleans())

@@ -35,7 +35,6 @@ CLUSTER_CLAUSES = (
 )
 
 
-@pytest.mark.weight(12)
 @pytest.mark.clause(*CLUSTER_CLAUSES)
 def test_cluster_machine(
     zmq_transport_spec: TransportSpec, record_property: Callable[[str, object], None]

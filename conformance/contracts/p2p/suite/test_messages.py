@@ -58,7 +58,6 @@ def _built(
             for i, m in enumerate(drawn)]
 
 
-@pytest.mark.weight(4)
 @pytest.mark.clause("MSG-1")
 @profiles.suite_settings()
 @given(

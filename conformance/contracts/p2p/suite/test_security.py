@@ -64,7 +64,6 @@ def _send_hostile(
         cluster.drive(0.03, nodes=[target])
 
 
-@pytest.mark.weight(1.5)
 @pytest.mark.clause("POLL-3", "SEC-1")
 @profiles.suite_settings()
 @given(
@@ -181,7 +180,6 @@ def test_wrong_frame_counts(zmq_transport_spec: TransportSpec, frames: list[Any]
             _honest_exchange(cluster, out, inbound, "frames")
 
 
-@pytest.mark.weight(2)
 @pytest.mark.clause("SEC-1")
 def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: TransportSpec) -> None:
     """A flooding thread sends garbage and valid-looking messages while an honest peer talks.
@@ -319,7 +317,6 @@ def _curve_stranger(target: str, identity: bytes) -> zmq.Socket[bytes]:
     return sock
 
 
-@pytest.mark.weight(1)
 @pytest.mark.clause("POLL-3")
 @profiles.suite_settings()
 @given(payload=hostile_payloads())
