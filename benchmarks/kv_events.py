@@ -258,7 +258,10 @@ def subscriber_throughput(kind: str, size: int, count: int | None = None) -> flo
         go.set()
         started = time.perf_counter()
         while received < count:
-            _topic, _seq, payload = sock.recv_multipart()
+            _topic, seq, payload = sock.recv_multipart()
+            # The least a KV subscriber does: read the sequence number (gap
+            # detection needs it) and decode; the reference does both too.
+            int.from_bytes(seq, "big")
             decoder.decode(payload)
             received += 1
         elapsed = time.perf_counter() - started

@@ -1,0 +1,74 @@
+"""The three reference-vs-raw ratios of issue 23 alone, in interleaved trials.
+
+``python -m benchmarks.ratios [--trials N] [--seconds S]``: p2p burst-and-poll
+at 64 B, control round trips (and raw DEALER/ROUTER with the reference's
+framing, to separate what the framing costs from what the reference adds),
+and the KV subscriber at 64 B and 4 KiB. Each trial runs the reference, then
+raw, so both see the same load; the table gives the median of each and the
+ratio of the medians, with every trial's own ratio for the spread. It reuses
+the sections' functions (:mod:`benchmarks.transport`, :mod:`.control`,
+:mod:`.kv_events`), so the figures are the sections' figures, minutes
+sooner than ``python -m benchmarks``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+
+from benchmarks import control, kv_events, transport
+
+Trial = Callable[[], float]
+
+
+def _figures(seconds: float) -> dict[str, tuple[Trial, Trial]]:
+    return {
+        "p2p burst-and-poll 64 B (msg/s)": (
+            lambda: transport.burst_and_poll("reference", 64, seconds),
+            lambda: transport.burst_and_poll("baseline", 64, seconds),
+        ),
+        "control round trips vs REQ/REP (1/s)": (
+            lambda: control._reference_round_trips(seconds),
+            lambda: control._raw_round_trips(seconds),
+        ),
+        "control round trips vs raw DEALER/ROUTER (1/s)": (
+            lambda: control._reference_round_trips(seconds),
+            lambda: control._raw_router_round_trips(seconds),
+        ),
+        "KV subscriber 64 B (batches/s)": (
+            lambda: kv_events.subscriber_throughput("reference", 64),
+            lambda: kv_events.subscriber_throughput("baseline", 64),
+        ),
+        "KV subscriber 4 KiB (batches/s)": (
+            lambda: kv_events.subscriber_throughput("reference", 4096),
+            lambda: kv_events.subscriber_throughput("baseline", 4096),
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ratios", description=__doc__)
+    parser.add_argument("--trials", type=int, default=5, help="interleaved trials (default 5)")
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="length of one timed trial where a figure has one (default 2)")
+    args = parser.parse_args(argv)
+    if args.trials < 1 or not args.seconds > 0:
+        parser.error("--trials must be at least 1 and --seconds positive")
+    print("| figure | reference | raw | ratio of medians | per-trial ratios |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for name, (reference, raw) in _figures(args.seconds).items():
+        ours: list[float] = []
+        theirs: list[float] = []
+        for _ in range(args.trials):
+            ours.append(reference())
+            theirs.append(raw())
+        per_trial = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs, strict=True))
+        mine, base = statistics.median(ours), statistics.median(theirs)
+        print(f"| {name} | {mine:,.0f} | {base:,.0f} | {mine / base:.2f} | {per_trial} |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
