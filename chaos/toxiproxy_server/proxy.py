@@ -95,6 +95,10 @@ class Proxy:
             "listen": self.listen,
             "upstream": self.upstream,
             "enabled": self.enabled,
+            # toxiproxy 2.12's Proxy struct has an exported ``Logger
+            # *zerolog.Logger`` without a json tag and no exported fields, so
+            # encoding/json writes it as an empty object, in this place.
+            "Logger": {},
             "toxics": [t.to_json() for t in self.toxics()],
         }
 

@@ -93,7 +93,7 @@ def raw(toxiproxy: Toxiproxy) -> Iterator[_Raw]:
 def _proxy_bytes(name: str, listen: str, upstream: str, toxics: str = "[]") -> bytes:
     return (
         f'{{"name":"{name}","listen":"{listen}","upstream":"{upstream}",'
-        f'"enabled":true,"toxics":{toxics}}}'
+        f'"enabled":true,"Logger":{{}},"toxics":{toxics}}}'
     ).encode()
 
 
