@@ -190,7 +190,8 @@ def _wait_ready(lease: ServerLease, port_file: Path | None, what: str) -> None:
     )
 
 
-def _start_binary(path: str, host: str) -> ServerLease:
+def start_binary(path: str, host: str = "127.0.0.1") -> ServerLease:
+    """Start the toxiproxy-server binary at ``path`` on a free port of ``host``."""
     last: ToxiproxyUnavailable | None = None
     for _attempt in range(3):  # a free port can be taken between probe and bind
         port = _free_port(host)
@@ -257,7 +258,7 @@ def launch(prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> ServerLease:
     if prefer in ("auto", "binary"):
         binary = _configured_binary() or shutil.which(BINARY)
         if binary:
-            return _start_binary(binary, host)
+            return start_binary(binary, host)
         if prefer == "binary":
             raise ToxiproxyUnavailable(f"{ENV_SERVER} is not set and no {BINARY} binary on PATH")
     return _start_embedded(host)

@@ -17,9 +17,10 @@ Semantics follow toxiproxy 2.x (its ``toxics/*.go``): times are milliseconds
 except slicer ``delay`` (microseconds); ``bandwidth`` rate is KB/s with
 1 KB = 1000 bytes; a ``timeout`` toxic drops data (it does not buffer it)
 and closes the connection after ``timeout`` ms, or never when 0; removing
-a ``timeout`` toxic closes the connections it applied to, because bytes
-were dropped and the stream can no longer be trusted; ``reset_peer``
-resets (RST) the connection ``timeout`` ms after the first data it sees.
+a ``timeout`` toxic closes the links it applied to, because bytes were
+dropped and the stream can no longer be trusted; ``reset_peer`` closes the
+link ``timeout`` ms after the first data it sees, which is a TCP RST only
+on connections opened while it existed (SO_LINGER 0, see ``link.py``).
 """
 
 from __future__ import annotations
@@ -171,13 +172,12 @@ def parse_toxic_update(current: Toxic, body: object) -> Toxic:
 
 
 class LinkControl(Protocol):
-    """What a toxic may do to the connection its link belongs to."""
+    """What a toxic may do to the link (one direction of a connection) it runs on."""
 
     def close(self) -> None:
-        """Close both sides of the connection gracefully (FIN)."""
-
-    def reset(self) -> None:
-        """Abort both sides of the connection with a TCP RST."""
+        """End the link: its destination socket is closed, and the other
+        direction follows (a TCP RST when the connection lingers zero, i.e.
+        it had a ``reset_peer`` toxic when it was opened; else a FIN)."""
 
 
 class ToxicRun:
@@ -257,7 +257,7 @@ class ToxicRun:
             if not self._reset_armed:
                 self._reset_armed = True
                 await asyncio.sleep(attrs["timeout"] / 1000)
-                self._link.reset()
+                self._link.close()
         else:  # slow_close and anything that only acts on close
             await emit(data)
 
