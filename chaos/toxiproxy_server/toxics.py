@@ -26,6 +26,7 @@ on connections opened while it existed (SO_LINGER 0, see ``link.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import random
@@ -200,6 +201,7 @@ class ToxicRun:
         self._pace_at = 0.0
         self._reset_armed = False
         self._stopped = False
+        self._interrupted = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -215,6 +217,7 @@ class ToxicRun:
         one piece, as toxiproxy's interrupted slicer does.
         """
         self._stopped = True
+        self._interrupted.set()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -236,8 +239,11 @@ class ToxicRun:
             offset = self._rng.randrange(2 * jitter) - jitter if jitter > 0 else 0
             delay_ms = attrs["latency"] + offset
             wait = arrived + max(delay_ms, 0) / 1000 - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            if wait > 0 and not self._stopped:
+                # Removing or updating the toxic releases the chunk it holds at
+                # once, as toxiproxy's interrupted LatencyToxic does.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._interrupted.wait(), wait)
             await emit(data)
         elif kind == "bandwidth":
             await self._paced(data, attrs["rate"], emit)

@@ -169,6 +169,8 @@ def _script(upstream: str) -> list[tuple[str, str, str | None]]:
         ("POST", "/proxies", f'{{"name":"beta",{lo},{up},"enabled":false}}'),
         ("POST", "/proxies", f'{{{lo},{up}}}'),
         ("POST", "/proxies", f'{{"name":"gamma",{lo}}}'),
+        ("POST", "/proxies", f'{{"name":"anywhere",{up}}}'),
+        ("POST", "/proxies/anywhere", '{"enabled":false}'),
         ("POST", "/proxies", ""),
         ("GET", "/proxies", None),
         ("GET", "/proxies/alpha", None),
@@ -383,6 +385,15 @@ def _latency_held_data_outlives_the_other_sides_close(
         return _watch(sock, 1.0)
 
 
+def _removing_latency_releases_what_it_holds(server: _Server, name: str, port: str) -> object:
+    server.toxic(name, '{"name":"slow","type":"latency","attributes":{"latency":2000}}')
+    with _connect(int(port)) as sock:
+        sock.sendall(b"x" * 100)
+        time.sleep(0.1)
+        server.call("DELETE", f"/proxies/{name}/toxics/slow")
+        return _watch(sock, 1.0, until=100)
+
+
 class _Sink:
     """A TCP listener that counts what its one connection receives until EOF."""
 
@@ -460,6 +471,7 @@ def _slicer_pieces(server: _Server, name: str, port: str) -> object:
         _blackhole, _blackhole_holds_the_close, _timeout_closes, _reset_peer,
         _reset_peer_on_an_older_connection, _limit_data, _limit_data_upstream, _disabled,
         _toxicity_zero, _slicer_pieces, _latency_held_data_outlives_the_other_sides_close,
+        _removing_latency_releases_what_it_holds,
     ],
     ids=lambda probe: probe.__name__.strip("_"),
 )
