@@ -227,7 +227,6 @@ def _script(upstream: str) -> list[tuple[str, str, str | None]]:
 
 
 def test_api_answers_are_the_same_bytes(pair: tuple[_Server, _Server], echo_server: _Echo) -> None:
-    real, embedded = pair
     script = _script(echo_server.address)
     got = {s.label: _normalised(_run_script(s, script), echo_server.port) for s in pair}
     for i, (want, have) in enumerate(zip(got["real"], got["embedded"], strict=True)):
@@ -411,10 +410,9 @@ class _Sink:
             conn, _ = self._listener.accept()
         except OSError:
             return
-        with conn:
-            with contextlib.suppress(OSError):
-                while data := conn.recv(65536):
-                    self._count += len(data)
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                self._count += len(data)
         self._done.set()
 
     def received(self, wait_s: float) -> tuple[int, bool]:
