@@ -322,7 +322,8 @@ def _blackhole(server: _Server, name: str, port: str) -> object:
     return held, healed
 
 
-def _blackhole_holds_the_close(server: _Server, name: str, port: str) -> object:
+def _blackhole_lets_the_close_through(server: _Server, name: str, port: str) -> object:
+    """The echo closes behind a timeout toxic: the close crosses, on both servers."""
     server.toxic(name, '{"name":"t","type":"timeout","attributes":{"timeout":0}}')
     with _connect(int(port)) as sock:
         sock.sendall(_CLOSE)
@@ -467,7 +468,7 @@ def _slicer_pieces(server: _Server, name: str, port: str) -> object:
 @pytest.mark.parametrize(
     "probe",
     [
-        _blackhole, _blackhole_holds_the_close, _timeout_closes, _reset_peer,
+        _blackhole, _blackhole_lets_the_close_through, _timeout_closes, _reset_peer,
         _reset_peer_on_an_older_connection, _limit_data, _limit_data_upstream, _disabled,
         _toxicity_zero, _slicer_pieces, _latency_held_data_outlives_the_other_sides_close,
         _removing_latency_releases_what_it_holds,
