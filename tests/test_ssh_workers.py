@@ -39,10 +39,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conformance import process_nodes
-
 ENV_OPT_IN = "ZMQC_SSH_WORKERS"
-REPO_ROOT = Path(process_nodes.__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 _SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 _PRIVSEP_DIR = Path("/run/sshd")
 _START_TIMEOUT_S = 10.0
