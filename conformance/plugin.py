@@ -61,7 +61,7 @@ from conformance.config import profiles, selection
 from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
-from conformance.reporting import xfail
+from conformance.reporting import run_output, xfail
 from conformance.reporting.reports import write_reports
 from conformance.reporting.verdicts import (
     CHAOS_REASON,
@@ -116,6 +116,7 @@ _STATE = pytest.StashKey[_State]()
 _CLAUSES = pytest.StashKey[tuple[str, ...]]()
 _XFAIL = pytest.StashKey[str]()
 _RECORDER = "zmq-conformance-recorder"
+_RUN_OUTPUT = "zmq-conformance-run-output"
 _WORKER_DIR_KEY = "zmq_postmortem_dir"
 _WORKER_STALL_KEY = "zmq_stall_limit"
 #: After its session finished, a worker gets this long to exit (finalizers of
@@ -167,6 +168,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write per-clause verdicts as JUnit XML (one testcase per clause)")
     group.addoption("--zmq-report-markdown", metavar="PATH", default=None,
                     help="write per-clause verdicts as a Markdown report")
+    group.addoption("--zmq-verdicts", metavar="PATH", default=None,
+                    help="write the JSON verdicts for a supervising process (as "
+                         "--zmq-report-json, but not announced as a report)")
+    group.addoption("--zmq-progress", choices=run_output.PROGRESS_MODES, default="off",
+                    help="per-clause progress while the run goes: a live line (live), a line "
+                         "per finished clause (lines), live on a terminal else lines (auto), "
+                         "or pytest's own (off, the default)")
     parser.addini("zmq_conformance", "run the conformance suite in every session",
                   type="bool", default=False)
     parser.addini("zmq_contract", "the contract to check (default p2p)", default="")
@@ -199,15 +207,26 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     config.stash[_STATE] = state
     config.pluginmanager.register(_Recorder(config, state), _RECORDER)
+    config.pluginmanager.register(
+        run_output.RunOutput(
+            config, mode=config.getoption("zmq_progress"),
+            judge=lambda cid: build_report(config, state).clauses[cid],
+            report=lambda: state.report,
+        ),
+        _RUN_OUTPUT,
+    )
     if state.opted_in:
         _start_postmortem(config, state)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     cleanup.session_ended()
-    recorder = config.pluginmanager.get_plugin(_RECORDER)
-    if recorder is not None:
-        config.pluginmanager.unregister(recorder)
+    for name in (_RECORDER, _RUN_OUTPUT):
+        plugin = config.pluginmanager.get_plugin(name)
+        if isinstance(plugin, run_output.RunOutput):
+            plugin.close()
+        if plugin is not None:
+            config.pluginmanager.unregister(plugin)
     state = config.stash.get(_STATE, None)
     if state is not None and state.owns_postmortem_dir and state.postmortem_dir is not None:
         watchdog.set_progress_hook(None)
@@ -706,6 +725,9 @@ class _Recorder:
         state.written = write_reports(
             state.report, **{k: (base / v if v else None) for k, v in paths.items()}
         )
+        verdicts_path = config.getoption("zmq_verdicts")
+        if verdicts_path:  # the CLI's own channel: written, not listed as a report
+            write_reports(state.report, json_path=base / verdicts_path)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         state = self.state
