@@ -21,12 +21,13 @@ import select
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from plugin_project import _env, junit_cases, make_project, run_cli
 
-from conformance.contracts import CLAUSES
+from conformance.contracts import CLAUSES, CONTRACTS
 from conformance.reporting import github
 from conformance.reporting.progress import Progress
 from conformance.reporting.verdicts import ClauseVerdict, RunReport
@@ -173,9 +174,16 @@ def test_github_actions_run_annotates_failures_and_writes_the_summary(
     assert "Replay: zmq-conformance run" in msg1 and "--hypothesis-seed" in msg1
     text = summary.read_text()
     assert "# zmq-conformance report" in text and "### MSG-1" in text
-    case = junit_cases(project / "r.xml")["MSG-1"]
-    failure = case.find("failure")
-    assert failure is not None and "n=10" in (failure.text or ""), failure
+    cases = junit_cases(project / "r.xml")  # one testcase per clause, as CI viewers list them
+    assert set(cases) == set(CONTRACTS["p2p"].clauses)
+    suite = ET.parse(project / "r.xml").getroot()
+    failures = [c for c in cases.values() if c.find("failure") is not None]
+    assert int(suite.attrib["tests"]) == len(cases)
+    assert int(suite.attrib["failures"]) == len(failures) >= 1
+    failure = cases["MSG-1"].find("failure")
+    assert failure is not None and failure.attrib["type"] == "failed"
+    body = failure.text or ""
+    assert CLAUSES["MSG-1"].requirement in body and "n=10" in body and "Replay:" in body, body
 
 
 def test_terminal_shows_a_live_progress_line(project: Path) -> None:
