@@ -219,3 +219,17 @@ def test_terminal_shows_a_live_progress_line(project: Path) -> None:
     assert re.search(r"\r\x1b\[Kzmq-conformance: \d+/\d+ clauses", text), text
     assert not re.search(r"^\[\d+/\d+\] ", text, re.M), text  # no CI lines on a terminal
     assert "clauses:" in text  # the final summary follows
+
+
+def test_the_example_workflow_runs_options_the_cli_takes() -> None:
+    """docs/usage.md's workflow: its ``zmq-conformance run`` line parses as given."""
+    from conformance.config import run_args
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
+    workflow = text.split("```yaml", 1)[1].split("```", 1)[0]
+    folded = workflow.split("run: >", 1)[1].split("- name:", 1)[0]
+    command = " ".join(folded.split())
+    assert command.startswith("zmq-conformance run "), command
+    args = run_args.parse_run(command.split()[2:])
+    assert args.chaos and args.junitxml == "reports/conformance.xml"
+    assert args.transport == "mypkg.transport:MyTransport"
