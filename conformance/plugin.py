@@ -212,6 +212,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config, mode=config.getoption("zmq_progress"),
             judge=lambda cid: build_report(config, state).clauses[cid],
             report=lambda: state.report,
+            shared_dir=lambda: state.postmortem_dir,
         ),
         _RUN_OUTPUT,
     )

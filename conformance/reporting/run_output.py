@@ -11,7 +11,8 @@ every session. It
   output (``off``);
 * learns which tests check which clauses from the collection: in the
   process that collects (no xdist), or from a file each xdist worker leaves
-  in a directory the controller hands it (a remote worker's file cannot be
+  in the directory the controller shares with its workers (the postmortem
+  directory, removed with the session; a remote worker's file cannot be
   seen: the progress then counts tests instead of clauses);
 * inside GitHub Actions, writes the ``::error`` annotations of the failing
   clauses and appends the Markdown report to ``GITHUB_STEP_SUMMARY``
@@ -23,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any, Final
@@ -55,10 +54,11 @@ class RunOutput:
         mode: str,
         judge: Callable[[str], ClauseVerdict],
         report: Callable[[], RunReport | None],
+        shared_dir: Callable[[], Path | None],
     ) -> None:
         self._config = config
         self._report = report
-        self._plan_dir: Path | None = None
+        self._shared_dir = shared_dir
         self.progress: Progress | None = None
         worker = getattr(config, "workerinput", None)
         if mode == "off" or worker is not None or config.option.collectonly:
@@ -70,23 +70,19 @@ class RunOutput:
         # capture: redraw only from the hooks (capture is off there), not a thread.
         self.progress = Progress(stream, live=live, judge=judge,
                                  tick_s=0.5 if distributed else None)
-        if distributed:
-            self._plan_dir = Path(tempfile.mkdtemp(prefix="zmq-conformance-plan-"))
 
     def close(self) -> None:
-        """Stop the progress (idempotent) and remove the plan directory."""
+        """Stop the progress (idempotent)."""
         if self.progress is not None:
             self.progress.close()
-        if self._plan_dir is not None:
-            shutil.rmtree(self._plan_dir, ignore_errors=True)
-            self._plan_dir = None
 
     # -- the plan: which tests check which clauses --------------------------------------
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        if self._plan_dir is not None:
-            node.workerinput[_PLAN_DIR_KEY] = str(self._plan_dir)
+        directory = self._shared_dir()
+        if self.progress is not None and directory is not None:
+            node.workerinput[_PLAN_DIR_KEY] = str(directory)
 
     @pytest.hookimpl(trylast=True)  # after the suite's plugin gave each item its clauses
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -104,11 +100,12 @@ class RunOutput:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        if self.progress is None or self._plan_dir is None:
+        directory = self._shared_dir()
+        if self.progress is None or directory is None:
             return
         worker = node.workerinput.get("workerid", "")
         try:
-            plan = json.loads((self._plan_dir / f"plan-{worker}.json").read_text("utf-8"))
+            plan = json.loads((directory / f"plan-{worker}.json").read_text("utf-8"))
         except (OSError, ValueError):
             return
         wanted = set(ids)
