@@ -368,7 +368,6 @@ def _limit_data_upstream(server: _Server, name: str, port: str) -> object:
         port = server.call("GET", f"/proxies/{name}").json()["listen"].rpartition(":")[2]
         with _connect(int(port)) as sock:
             sock.sendall(os.urandom(300))
-            time.sleep(0.05)  # two chunks on the wire, as the probe means
             sock.sendall(os.urandom(3000))
             client = _watch(sock, 1.0)
         return client, sink.received(1.0)
