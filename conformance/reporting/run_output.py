@@ -31,16 +31,38 @@ from typing import Any, Final
 
 import pytest
 
-from conformance.reporting import github
+from conformance.config.session import State
+from conformance.reporting import build, github
 from conformance.reporting.progress import Progress
 from conformance.reporting.verdicts import ClauseVerdict, RunReport
 
-__all__ = ["PROGRESS_MODES", "RunOutput"]
+__all__ = ["PROGRESS_MODES", "RunOutput", "register", "unregister"]
 
 #: ``--zmq-progress`` values: ``auto`` is ``live`` on a terminal, else ``lines``.
 PROGRESS_MODES: Final = ("off", "auto", "live", "lines")
 _PLAN_DIR_KEY: Final = "zmq_plan_dir"
 _CLAUSES_PROPERTY: Final = "zmq_clauses"
+_PLUGIN_NAME: Final = "zmq-conformance-run-output"
+
+
+def register(config: pytest.Config, state: State) -> RunOutput:
+    """Register the session's :class:`RunOutput` (``--zmq-progress``, GitHub Actions)."""
+    output = RunOutput(
+        config, mode=config.getoption("zmq_progress"),
+        judge=lambda cid: build.build_report(config, state).clauses[cid],
+        report=lambda: state.report,
+        shared_dir=lambda: state.postmortem_dir,
+    )
+    config.pluginmanager.register(output, _PLUGIN_NAME)
+    return output
+
+
+def unregister(config: pytest.Config) -> None:
+    """Stop the session's progress and unregister its :class:`RunOutput`."""
+    output = config.pluginmanager.get_plugin(_PLUGIN_NAME)
+    if isinstance(output, RunOutput):
+        output.close()
+        config.pluginmanager.unregister(output)
 
 
 class RunOutput:
