@@ -343,12 +343,14 @@ class DriverProcess:
         how = _describe_exit(code) if code is not None else "closed its stdout"
         self.crash = f"{self.label} {how}{self._tail_note()}"
         self._kill()
+        watchdog.note_block()
         return DriverCrashed(f"{what}: {self.crash}")
 
     def _broken(self, what: str, problem: str) -> DriverCrashed:
         self.crash = (f"{self.label} broke the protocol on stdout: {problem}"
                       f"{self._tail_note()}")
         self._kill()
+        watchdog.note_block()
         return DriverCrashed(f"{what}: {self.crash}")
 
     def _no_answer(self, what: str, seconds: float) -> CallBlocked:
