@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from plugin_project import load_json, make_project, run_cli, verdicts
 
-from conformance import contracts, resources, watchdog
+from conformance import contracts
+from conformance.supervision import watchdog
+from conformance.testing import resources
 from conformance.drivers import (
     DriverCrashed,
     DriverStartError,
@@ -32,7 +34,7 @@ from conformance.drivers import (
 )
 from conformance.drivers import process as driver_processes
 from conformance.errors import CallBlocked
-from conformance.harness import free_port
+from conformance.testing.net import free_port
 from reference_impl.p2p.interface import DuplicateConnectionError
 
 BROKEN = Path(__file__).parent / "drivers" / "broken.py"

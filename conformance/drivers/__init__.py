@@ -13,8 +13,8 @@ and builds the contract's spec from a proxy factory
 unchanged: the proxies satisfy each family's duck-typed interface.
 
 Modules: :mod:`.protocol` (frames, hello), :mod:`.process` (processes,
-pool, crashes, resources), :mod:`.remote` (what every proxy shares),
-:mod:`.p2p`, :mod:`.kv_events`, :mod:`.control` (the proxies),
+pool, crashes, resources), :mod:`.remote` (what every proxy shares; each family's
+proxies live in its package, ``conformance/contracts/<family>/driver.py``),
 :mod:`.behaviours` (standard behaviours for callables), :mod:`.python`
 (the Python driver, ``python -m conformance.drivers.python MODULE:ATTR``).
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from conformance import resources
+from conformance.testing import resources
 from conformance.drivers.process import (
     DriverCrashed,
     DriverGone,

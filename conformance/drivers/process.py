@@ -57,7 +57,7 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, Final
 
-from conformance import lifeline, watchdog
+from conformance.supervision import cleanup, lifeline, watchdog
 from conformance.drivers.protocol import (
     FrameReader,
     Hello,
@@ -653,6 +653,7 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+cleanup.at_session_end(shutdown)
 
 def processes() -> list[DriverProcess]:
     """The driver processes alive now, idle or busy (for the bridge's own tests)."""

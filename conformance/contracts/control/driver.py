@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from conformance import watchdog
+from conformance.supervision import watchdog
 from conformance.drivers.behaviours import StandardHandler
 from conformance.drivers.process import DriverCrashed
 from conformance.drivers.protocol import Hello

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from conformance import watchdog
+from conformance.supervision import watchdog
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
 from reference_impl.kv_events.publisher import PublisherClosedError

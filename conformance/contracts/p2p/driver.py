@@ -3,7 +3,7 @@
 :class:`TransportFactory` is what the p2p suite receives instead of a
 Python factory. Each call starts (or reuses) one driver process and builds
 one transport in it, so every node is a process of its own. Like
-:class:`~conformance.process_nodes.ProcessTransport`, a
+:class:`~conformance.contracts.p2p.process_nodes.ProcessTransport`, a
 :class:`DriverTransport` therefore offers the process faults (``pid``,
 ``state()``, ``pause()``, ``resume()``, ``kill()``), and the PROC clauses act
 on the driver itself. Calls and their results follow ``docs/drivers.md``,
@@ -124,7 +124,7 @@ class DriverTransport(Remote):
 
     def close(self) -> None:
         """Close the transport; its process goes back to the pool (idempotent here, as
-        :class:`~conformance.process_nodes.ProcessTransport` is)."""
+        :class:`~conformance.contracts.p2p.process_nodes.ProcessTransport` is)."""
         if self._closed:
             return
         self._closing("close")
