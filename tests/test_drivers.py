@@ -22,8 +22,6 @@ import pytest
 from plugin_project import load_json, make_project, run_cli, verdicts
 
 from conformance import contracts
-from conformance.supervision import watchdog
-from conformance.testing import resources
 from conformance.drivers import (
     DriverCrashed,
     DriverStartError,
@@ -34,6 +32,8 @@ from conformance.drivers import (
 )
 from conformance.drivers import process as driver_processes
 from conformance.errors import CallBlocked
+from conformance.supervision import watchdog
+from conformance.testing import resources
 from conformance.testing.net import free_port
 from reference_impl.p2p.interface import DuplicateConnectionError
 
@@ -158,7 +158,7 @@ def test_a_command_that_does_not_exist_is_one_line() -> None:
 
 
 def test_what_a_driver_forks_ends_with_it() -> None:
-    node, pid = _transport(broken("fork-hang"))
+    _node, pid = _transport(broken("fork-hang"))
     deadline = time.monotonic() + 5
     while len(_group_members(pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)

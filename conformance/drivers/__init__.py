@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from conformance.testing import resources
 from conformance.drivers.process import (
     DriverCrashed,
     DriverGone,
@@ -36,6 +35,7 @@ from conformance.drivers.process import (
     shutdown,
 )
 from conformance.errors import ConfigError
+from conformance.testing import resources
 
 if TYPE_CHECKING:
     from conformance.contracts import Contract

@@ -95,7 +95,7 @@ def add_source(source: Source) -> None:
 
 def snapshot() -> ResourceSnapshot:
     """Count this process's open descriptors and OS threads now (plus :func:`add_source`'s)."""
-    fds: dict[int | str, str] = dict(_open_fds())
+    fds: dict[int | str, str] = {fd: what for fd, what in _open_fds().items()}
     threads = _thread_count()
     for source in _sources:
         hidden_fds, hidden_threads, extra_fds, extra_threads = source()

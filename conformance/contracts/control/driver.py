@@ -12,14 +12,14 @@ here. Calls follow ``docs/drivers.md``, section 7.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
-from conformance.supervision import watchdog
 from conformance.drivers.behaviours import StandardHandler
 from conformance.drivers.process import DriverCrashed
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
 from conformance.errors import ConfigError
+from conformance.supervision import watchdog
 from reference_impl.control.interface import ClientClosed, RequestRejected, RequestTimeout
 
 __all__ = ["ClientFactory", "ControlDriver", "DriverClient", "DriverServer", "ServerFactory"]
@@ -120,7 +120,7 @@ class ControlDriver:
 class DriverServer(Remote):
     """A server in a driver process; ``serve()`` records what its behaviours ran."""
 
-    errors = ERRORS
+    errors: ClassVar[ErrorTable] = ERRORS
 
     def __init__(self, process: Any, handle: int, name: str,
                  handlers: Mapping[str, Callable[..., Any]]) -> None:
@@ -135,8 +135,8 @@ class DriverServer(Remote):
             raise DriverCrashed(f"serve() on {self._name}: the driver answered {got!r:.200}, "
                                 "not a map with a 'log' array")
         for request in log:
-            handler = self._handlers.get(request.get("type")) if isinstance(request, dict) \
-                else None
+            handler = self._handlers.get(str(request.get("type"))) \
+                if isinstance(request, dict) else None
             if isinstance(handler, StandardHandler):
                 handler.record(request)
         return None
@@ -148,7 +148,7 @@ class DriverServer(Remote):
 class DriverClient(Remote):
     """A client in a driver process: ``request()``, ``tick()``, ``alive``, ``close()``."""
 
-    errors = ERRORS
+    errors: ClassVar[ErrorTable] = ERRORS
 
     def __init__(self, process: Any, handle: int, name: str, request_timeout_ms: int) -> None:
         super().__init__(process, handle, name)

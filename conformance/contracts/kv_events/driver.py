@@ -12,11 +12,11 @@ protocol in its map form (``msgspec.to_builtins``: events tagged by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
-from conformance.supervision import watchdog
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
+from conformance.supervision import watchdog
 from reference_impl.kv_events.publisher import PublisherClosedError
 from reference_impl.kv_events.schema import SchemaError, normalize
 
@@ -113,7 +113,7 @@ def _stats(remote: Remote) -> dict[str, int]:
 class DriverPublisher(Remote):
     """A publisher in a driver process: ``publish()``, ``shutdown()``, ``stats()``."""
 
-    errors = PUBLISHER_ERRORS
+    errors: ClassVar[ErrorTable] = PUBLISHER_ERRORS
     endpoint: str = ""
     replay_endpoint: str = ""
 
@@ -147,7 +147,7 @@ def _typed(batch: Any) -> Any:
 class DriverSubscriber(Remote):
     """A subscriber in a driver process: ``poll(timeout_ms)``, ``close()``, ``stats()``."""
 
-    errors = SUBSCRIBER_ERRORS
+    errors: ClassVar[ErrorTable] = SUBSCRIBER_ERRORS
 
     def poll(self, timeout_ms: int) -> Any:
         """The delivered ``(seq, batch)`` pairs; anything else is returned as the driver

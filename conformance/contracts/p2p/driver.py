@@ -15,7 +15,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from conformance.drivers import process as processes
 from conformance.drivers.protocol import Hello
@@ -71,7 +71,7 @@ class TransportFactory:
 class DriverConnection(Remote):
     """A connection of a driver's transport; ``peer_id`` is read once, the rest are calls."""
 
-    errors = ERRORS
+    errors: ClassVar[ErrorTable] = ERRORS
 
     def __init__(self, transport: DriverTransport, handle: int, peer_id: Any) -> None:
         super().__init__(transport._process, handle,
@@ -102,7 +102,7 @@ class DriverConnection(Remote):
 class DriverTransport(Remote):
     """A transport in a driver process: the p2p interface plus the process faults."""
 
-    errors = ERRORS
+    errors: ClassVar[ErrorTable] = ERRORS
 
     def __init__(self, process: processes.DriverProcess, handle: int, local_id: str,
                  host: str, port: int) -> None:

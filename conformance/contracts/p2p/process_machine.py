@@ -22,6 +22,7 @@ stopped process.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -114,4 +115,4 @@ class ProcessChaosMachine(ChaosMachine):
         if not isinstance(transport, ProcessTransport) and not callable(
                 getattr(transport, "pause", None)):
             raise TypeError(f"{name} is not a process node")
-        return transport
+        return cast(ProcessTransport, transport)  # or a driver's, duck-typed

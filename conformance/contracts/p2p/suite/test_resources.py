@@ -14,8 +14,8 @@ import pytest
 from conformance.config.profiles import scaled
 from conformance.contracts.p2p.harness import Cluster, Connection, handshake, receive, wait_inbound
 from conformance.contracts.p2p.process_nodes import is_process_spec
-from conformance.drivers import is_driver_factory
 from conformance.contracts.p2p.spec import TransportSpec
+from conformance.drivers import is_driver_factory
 from conformance.testing import resources
 from conformance.testing.net import unreachable_address
 
