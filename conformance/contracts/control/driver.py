@@ -98,7 +98,11 @@ class ControlDriver:
     """The implementation object: ``server`` and ``client`` as the hello's ``sides`` say."""
 
     def __init__(self, command: str, hello: Hello) -> None:
-        sides = set(hello.sides or ("server", "client"))
+        if not hello.sides:
+            raise ConfigError(f"driver {command!r} declares no 'sides' in its hello; the "
+                              "control contract needs 'server' and/or 'client' "
+                              "(docs/drivers.md, section 3)")
+        sides = set(hello.sides)
         unknown = sides - {"server", "client"}
         if unknown:
             raise ConfigError(f"driver {command!r}: unknown side {sorted(unknown)[0]!r} in its "
