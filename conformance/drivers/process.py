@@ -652,6 +652,7 @@ def _at_exit() -> None:
 
 atexit.register(_at_exit)
 cleanup.at_session_end(shutdown)
+cleanup.after_each_test(end_test)  # processes whose objects the test left open
 
 def processes() -> list[DriverProcess]:
     """The driver processes alive now, idle or busy (for the bridge's own tests)."""
