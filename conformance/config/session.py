@@ -76,6 +76,7 @@ def configure(config: pytest.Config) -> State:
     state.opted_in = state.only or bool(
         config.getoption("zmq_conformance")
         or config.getoption("zmq_transport")
+        or config.getoption("zmq_driver")
         or config.getini("zmq_conformance")
     )
     state.chaos = bool(config.getoption("zmq_chaos"))

@@ -31,6 +31,13 @@ from conformance.supervision import postmortem, reruns
 __all__ = ["Recorder", "annotate"]
 
 
+def find_crashed(exc: BaseException | None) -> BaseException | None:
+    """The driver crash (:class:`conformance.drivers.DriverCrashed`) in ``exc``, if any."""
+    from conformance.drivers import find_crashed as find
+
+    return find(exc)
+
+
 def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
     """Record on a clause test's report, where the exception still exists, whether it
     blocked, its counterexample and the clauses its message blames (or that a strict
@@ -39,8 +46,11 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         return
     exc = call.excinfo.value if call.excinfo is not None else None
     if report.failed and exc is not None:
+        crashed = find_crashed(exc)
         blocked = find_blocked(exc)
-        if blocked is not None:
+        if crashed is not None:  # a driver process died: the verdict is crashed
+            report.user_properties.append(("zmq_crashed", str(crashed)))
+        elif blocked is not None:
             report.user_properties.append(("zmq_blocked", str(blocked)))
         report.user_properties.append(("zmq_counterexample", counterexample(exc)))
         blamed = blamed_clauses(exc)
