@@ -1,0 +1,270 @@
+/* What both C drivers share: time, MessagePack values, the KVEventBatch
+ * schema check, zmq multipart reads and the driver protocol's framing. */
+#ifndef KVDRIVER_H
+#define KVDRIVER_H
+#include <errno.h>
+#include <msgpack.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define NONE INT64_MIN
+#define MAX_PARTS 5
+
+static int64_t now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* --- MessagePack values -------------------------------------------------- */
+
+static int mp_is(const msgpack_object *o, const char *s) {
+    size_t n = strlen(s);
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n
+           && memcmp(o->via.str.ptr, s, n) == 0;
+}
+
+static const msgpack_object *mp_get(const msgpack_object *m, const char *key) {
+    if (!m || m->type != MSGPACK_OBJECT_MAP) return NULL;
+    for (uint32_t i = 0; i < m->via.map.size; i++)
+        if (mp_is(&m->via.map.ptr[i].key, key)) return &m->via.map.ptr[i].val;
+    return NULL;
+}
+
+static int mp_is_int(const msgpack_object *o) {
+    return o && (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER
+                 || o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER);
+}
+
+static int64_t mp_int(const msgpack_object *o, int64_t fallback) {
+    return mp_is_int(o) ? o->via.i64 : fallback;
+}
+
+/* A string argument copied into buf (empty when absent); 0 if it does not fit. */
+static int mp_text(const msgpack_object *o, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (!o || o->type == MSGPACK_OBJECT_NIL) return 1;
+    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= cap) return 0;
+    memcpy(buf, o->via.str.ptr, o->via.str.size);
+    buf[o->via.str.size] = 0;
+    return 1;
+}
+
+static void pk_str(msgpack_packer *pk, const char *s) {
+    msgpack_pack_str_with_body(pk, s, strlen(s));
+}
+
+/* --- the KVEventBatch schema (map or array encoding, newer fields ignored) - */
+
+/* Field kinds: H list of hashes, h hash or nil, I list of ints, i int,
+ * j int or nil, s str or nil. A hash is an int or bytes. */
+static int kind_ok(char kind, const msgpack_object *o) {
+    int nil = o->type == MSGPACK_OBJECT_NIL;
+    switch (kind) {
+    case 'h': if (nil) return 1; /* fall through */
+    case '#': return mp_is_int(o) || o->type == MSGPACK_OBJECT_BIN;
+    case 'j': if (nil) return 1; /* fall through */
+    case 'i': return mp_is_int(o);
+    case 's': return nil || o->type == MSGPACK_OBJECT_STR;
+    case 'H': case 'I':
+        if (o->type != MSGPACK_OBJECT_ARRAY) return 0;
+        for (uint32_t i = 0; i < o->via.array.size; i++)
+            if (!kind_ok(kind == 'H' ? '#' : 'i', &o->via.array.ptr[i])) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+static const struct { const char *tag, *kinds; int required; const char *names[7]; } EVENTS[] = {
+    {"BlockStored", "HhIijss", 6, {"block_hashes", "parent_block_hash", "token_ids",
+                                   "block_size", "lora_id", "medium", "lora_name"}},
+    {"BlockRemoved", "Hs", 2, {"block_hashes", "medium"}},
+    {"AllBlocksCleared", "", 0, {0}},
+};
+
+static int event_ok(const msgpack_object *e) {
+    int is_map = e->type == MSGPACK_OBJECT_MAP;
+    if (!is_map && (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size == 0)) return 0;
+    const msgpack_object *tag = is_map ? mp_get(e, "type") : &e->via.array.ptr[0];
+    for (size_t t = 0; t < sizeof EVENTS / sizeof EVENTS[0]; t++) {
+        if (!mp_is(tag, EVENTS[t].tag)) continue;
+        for (int f = 0; EVENTS[t].kinds[f]; f++) {
+            const msgpack_object *v = is_map ? mp_get(e, EVENTS[t].names[f])
+                : (uint32_t)f + 1 < e->via.array.size ? &e->via.array.ptr[f + 1] : NULL;
+            if (v ? !kind_ok(EVENTS[t].kinds[f], v) : f < EVENTS[t].required) return 0;
+        }
+        return 1;
+    }
+    return 0; /* an unknown event type */
+}
+
+/* Whether payload is exactly one KVEventBatch: {ts, events, data_parallel_rank?}
+ * as a map, or [ts, events, data_parallel_rank?] as an array. */
+static int batch_ok(const char *payload, size_t len) {
+    msgpack_unpacked u;
+    size_t off = 0;
+    int ok = 0;
+    msgpack_unpacked_init(&u);
+    if (msgpack_unpack_next(&u, payload, len, &off) == MSGPACK_UNPACK_SUCCESS && off == len) {
+        const msgpack_object *b = &u.data, *ts = NULL, *ev = NULL, *dp = NULL;
+        if (b->type == MSGPACK_OBJECT_MAP) {
+            ts = mp_get(b, "ts"), ev = mp_get(b, "events"), dp = mp_get(b, "data_parallel_rank");
+        } else if (b->type == MSGPACK_OBJECT_ARRAY && b->via.array.size >= 2) {
+            ts = &b->via.array.ptr[0], ev = &b->via.array.ptr[1];
+            dp = b->via.array.size > 2 ? &b->via.array.ptr[2] : NULL;
+        }
+        ok = ts && ev && (mp_is_int(ts) || ts->type == MSGPACK_OBJECT_FLOAT64
+                          || ts->type == MSGPACK_OBJECT_FLOAT32)
+             && ev->type == MSGPACK_OBJECT_ARRAY && (!dp || kind_ok('j', dp));
+        for (uint32_t i = 0; ok && i < ev->via.array.size; i++) ok = event_ok(&ev->via.array.ptr[i]);
+    }
+    msgpack_unpacked_destroy(&u);
+    return ok;
+}
+
+/* --- zmq ----------------------------------------------------------------- */
+
+/* One multipart message without blocking: the frame count (frames past
+ * MAX_PARTS are counted, not kept), or -1 when nothing is waiting. */
+static int recv_parts(void *sock, zmq_msg_t *parts) {
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, n ? 0 : ZMQ_DONTWAIT) < 0) { zmq_msg_close(&m); return -1; }
+        more = zmq_msg_more(&m);
+        if (n < MAX_PARTS) parts[n] = m; else zmq_msg_close(&m);
+        n++;
+    }
+    return n;
+}
+
+static void close_parts(zmq_msg_t *parts, int n) {
+    for (int i = 0; i < n && i < MAX_PARTS; i++) zmq_msg_close(&parts[i]);
+}
+
+static int64_t be64(const void *p) {
+    const unsigned char *b = p;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | b[i];
+    return (int64_t)v;
+}
+
+static void put_be64(unsigned char *b, int64_t seq) {
+    for (int i = 7; i >= 0; i--, seq = (int64_t)((uint64_t)seq >> 8)) b[i] = (unsigned char)seq;
+}
+
+/* --- driver protocol framing: 4-byte big-endian length, then MessagePack -- */
+
+static int read_exact(int fd, char *buf, size_t n) {
+    while (n) {
+        ssize_t got = read(fd, buf, n);
+        if (got <= 0) { if (got < 0 && errno == EINTR) continue; return 0; }
+        buf += got, n -= (size_t)got;
+    }
+    return 1;
+}
+
+/* The next request from stdin into u (its buffer in *buf); 0 at end of input. */
+static int read_request(msgpack_unpacked *u, char **buf) {
+    unsigned char head[4];
+    if (!read_exact(0, (char *)head, 4)) return 0;
+    size_t len = (size_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3], off = 0;
+    free(*buf);
+    *buf = malloc(len ? len : 1);
+    if (!*buf || !read_exact(0, *buf, len)) return 0;
+    return msgpack_unpack_next(u, *buf, len, &off) == MSGPACK_UNPACK_SUCCESS;
+}
+
+static void write_reply(const msgpack_sbuffer *sb) {
+    unsigned char head[4] = {(unsigned char)(sb->size >> 24), (unsigned char)(sb->size >> 16),
+                             (unsigned char)(sb->size >> 8), (unsigned char)sb->size};
+    const char *parts[2] = {(const char *)head, sb->data};
+    size_t lens[2] = {4, sb->size};
+    for (int i = 0; i < 2; i++)
+        for (size_t done = 0; done < lens[i];) {
+            ssize_t put = write(1, parts[i] + done, lens[i] - done);
+            if (put < 0 && errno == EINTR) continue;
+            if (put <= 0) exit(3); /* the suite is gone */
+            done += (size_t)put;
+        }
+}
+
+/* --- driver protocol version 1 (docs/drivers.md) ---------------------------- */
+
+typedef struct { msgpack_sbuffer sb; msgpack_packer pk; } Reply;
+
+/* Start a reply to request id: the caller packs the result, then reply_send(). */
+static msgpack_packer *reply_result(Reply *r, int64_t id) {
+    msgpack_sbuffer_init(&r->sb);
+    msgpack_packer_init(&r->pk, &r->sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&r->pk, 2);
+    pk_str(&r->pk, "id");
+    msgpack_pack_int64(&r->pk, id);
+    pk_str(&r->pk, "result");
+    return &r->pk;
+}
+
+static void reply_send(Reply *r) {
+    write_reply(&r->sb);
+    msgpack_sbuffer_destroy(&r->sb);
+}
+
+static void reply_error(int64_t id, const char *kind, const char *message) {
+    Reply r;
+    msgpack_sbuffer_init(&r.sb);
+    msgpack_packer_init(&r.pk, &r.sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&r.pk, 2);
+    pk_str(&r.pk, "id");
+    msgpack_pack_int64(&r.pk, id);
+    pk_str(&r.pk, "error");
+    msgpack_pack_map(&r.pk, 2);
+    pk_str(&r.pk, "kind");
+    pk_str(&r.pk, kind);
+    pk_str(&r.pk, "message");
+    pk_str(&r.pk, message);
+    reply_send(&r);
+}
+
+/* Answer the suite's hello for contract; 0 (after an error answer) if it asks for another. */
+static int hello(msgpack_unpacked *u, char **buf, const char *contract,
+                 void (*pack_capabilities)(msgpack_packer *), const char *const *options) {
+    if (!read_request(u, buf)) return 0;
+    Reply r;
+    int ok = mp_is(mp_get(&u->data, "contract"), contract);
+    msgpack_sbuffer_init(&r.sb);
+    msgpack_packer_init(&r.pk, &r.sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&r.pk, ok ? 6 : 3);
+    pk_str(&r.pk, "type");
+    pk_str(&r.pk, ok ? "hello" : "error");
+    if (ok) {
+        int n = 0;
+        pk_str(&r.pk, "protocol");
+        msgpack_pack_int(&r.pk, 1);
+        pk_str(&r.pk, "contract");
+        pk_str(&r.pk, contract);
+        pk_str(&r.pk, "implementation");
+        pk_str(&r.pk, "zmq-conformance C example (libzmq, msgpack-c)");
+        pk_str(&r.pk, "capabilities");
+        pack_capabilities(&r.pk);
+        pk_str(&r.pk, "options");
+        while (options[n]) n++;
+        msgpack_pack_array(&r.pk, (size_t)n);
+        for (int i = 0; i < n; i++) pk_str(&r.pk, options[i]);
+    } else {
+        pk_str(&r.pk, "kind");
+        pk_str(&r.pk, "unsupported");
+        char why[128];
+        snprintf(why, sizeof why, "this driver implements %s only", contract);
+        pk_str(&r.pk, "message");
+        pk_str(&r.pk, why);
+    }
+    reply_send(&r);
+    return ok;
+}
+#endif
