@@ -2,14 +2,12 @@
  * schema check, zmq multipart reads and the driver protocol's framing. */
 #ifndef KVDRIVER_H
 #define KVDRIVER_H
-#include <errno.h>
 #include <msgpack.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 #include <zmq.h>
 
 #define NONE INT64_MIN
@@ -53,6 +51,10 @@ static int mp_text(const msgpack_object *o, char *buf, size_t cap) {
     memcpy(buf, o->via.str.ptr, o->via.str.size);
     buf[o->via.str.size] = 0;
     return 1;
+}
+
+static void opt(void *sock, int option, int value) {
+    zmq_setsockopt(sock, option, &value, sizeof value);
 }
 
 static void pk_str(msgpack_packer *pk, const char *s) {
@@ -121,7 +123,8 @@ static int batch_ok(const char *payload, size_t len) {
         ok = ts && ev && (mp_is_int(ts) || ts->type == MSGPACK_OBJECT_FLOAT64
                           || ts->type == MSGPACK_OBJECT_FLOAT32)
              && ev->type == MSGPACK_OBJECT_ARRAY && (!dp || kind_ok('j', dp));
-        for (uint32_t i = 0; ok && i < ev->via.array.size; i++) ok = event_ok(&ev->via.array.ptr[i]);
+        for (uint32_t i = 0; ok && i < ev->via.array.size; i++)
+            ok = event_ok(&ev->via.array.ptr[i]);
     }
     msgpack_unpacked_destroy(&u);
     return ok;
@@ -148,123 +151,98 @@ static void close_parts(zmq_msg_t *parts, int n) {
     for (int i = 0; i < n && i < MAX_PARTS; i++) zmq_msg_close(&parts[i]);
 }
 
-static int64_t be64(const void *p) {
-    const unsigned char *b = p;
+static int64_t be64(const void *p) { /* an 8-byte big-endian seq frame, signed */
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v = v << 8 | b[i];
+    for (int i = 0; i < 8; i++) v = v << 8 | ((const unsigned char *)p)[i];
     return (int64_t)v;
 }
 
 static void put_be64(unsigned char *b, int64_t seq) {
-    for (int i = 7; i >= 0; i--, seq = (int64_t)((uint64_t)seq >> 8)) b[i] = (unsigned char)seq;
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)seq >> (56 - 8 * i));
 }
 
 /* --- driver protocol framing: 4-byte big-endian length, then MessagePack -- */
 
-static int read_exact(int fd, char *buf, size_t n) {
-    while (n) {
-        ssize_t got = read(fd, buf, n);
-        if (got <= 0) { if (got < 0 && errno == EINTR) continue; return 0; }
-        buf += got, n -= (size_t)got;
-    }
-    return 1;
-}
-
 /* The next request from stdin into u (its buffer in *buf); 0 at end of input. */
 static int read_request(msgpack_unpacked *u, char **buf) {
-    unsigned char head[4];
-    if (!read_exact(0, (char *)head, 4)) return 0;
-    size_t len = (size_t)head[0] << 24 | head[1] << 16 | head[2] << 8 | head[3], off = 0;
+    unsigned char h[4];
+    size_t off = 0, len;
+    if (fread(h, 1, 4, stdin) != 4) return 0;
+    len = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
     free(*buf);
-    *buf = malloc(len ? len : 1);
-    if (!*buf || !read_exact(0, *buf, len)) return 0;
+    if (!(*buf = malloc(len + 1)) || fread(*buf, 1, len, stdin) != len) return 0;
     return msgpack_unpack_next(u, *buf, len, &off) == MSGPACK_UNPACK_SUCCESS;
 }
 
 static void write_reply(const msgpack_sbuffer *sb) {
-    unsigned char head[4] = {(unsigned char)(sb->size >> 24), (unsigned char)(sb->size >> 16),
-                             (unsigned char)(sb->size >> 8), (unsigned char)sb->size};
-    const char *parts[2] = {(const char *)head, sb->data};
-    size_t lens[2] = {4, sb->size};
-    for (int i = 0; i < 2; i++)
-        for (size_t done = 0; done < lens[i];) {
-            ssize_t put = write(1, parts[i] + done, lens[i] - done);
-            if (put < 0 && errno == EINTR) continue;
-            if (put <= 0) exit(3); /* the suite is gone */
-            done += (size_t)put;
-        }
+    unsigned char h[4] = {(unsigned char)(sb->size >> 24), (unsigned char)(sb->size >> 16),
+                          (unsigned char)(sb->size >> 8), (unsigned char)sb->size};
+    if (fwrite(h, 1, 4, stdout) != 4 || fwrite(sb->data, 1, sb->size, stdout) != sb->size
+        || fflush(stdout) != 0) exit(3); /* the suite is gone */
 }
 
 /* --- driver protocol version 1 (docs/drivers.md) ---------------------------- */
 
-typedef struct { msgpack_sbuffer sb; msgpack_packer pk; } Reply;
-
-/* Start a reply to request id: the caller packs the result, then reply_send(). */
-static msgpack_packer *reply_result(Reply *r, int64_t id) {
-    msgpack_sbuffer_init(&r->sb);
-    msgpack_packer_init(&r->pk, &r->sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&r->pk, 2);
-    pk_str(&r->pk, "id");
-    msgpack_pack_int64(&r->pk, id);
-    pk_str(&r->pk, "result");
-    return &r->pk;
+static void pk_pair(msgpack_packer *pk, const char *key, const char *value) {
+    pk_str(pk, key), pk_str(pk, value);
 }
 
-static void reply_send(Reply *r) {
-    write_reply(&r->sb);
-    msgpack_sbuffer_destroy(&r->sb);
+/* A contract's calls: pack the result and return NULL, or return an error kind
+ * (and set *message). Handle 0 is the driver itself (constructors). */
+typedef const char *(*Dispatch)(const msgpack_object *call, int64_t handle,
+                                const msgpack_object *args, msgpack_packer *pk,
+                                const char **message);
+
+static void reply_head(msgpack_packer *pk, int64_t id, const char *key) {
+    msgpack_sbuffer_clear(pk->data);
+    msgpack_pack_map(pk, 2), pk_str(pk, "id"), msgpack_pack_int64(pk, id), pk_str(pk, key);
 }
 
-static void reply_error(int64_t id, const char *kind, const char *message) {
-    Reply r;
-    msgpack_sbuffer_init(&r.sb);
-    msgpack_packer_init(&r.pk, &r.sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&r.pk, 2);
-    pk_str(&r.pk, "id");
-    msgpack_pack_int64(&r.pk, id);
-    pk_str(&r.pk, "error");
-    msgpack_pack_map(&r.pk, 2);
-    pk_str(&r.pk, "kind");
-    pk_str(&r.pk, kind);
-    pk_str(&r.pk, "message");
-    pk_str(&r.pk, message);
-    reply_send(&r);
-}
-
-/* Answer the suite's hello for contract; 0 (after an error answer) if it asks for another. */
-static int hello(msgpack_unpacked *u, char **buf, const char *contract,
-                 void (*pack_capabilities)(msgpack_packer *), const char *const *options) {
-    if (!read_request(u, buf)) return 0;
-    Reply r;
-    int ok = mp_is(mp_get(&u->data, "contract"), contract);
-    msgpack_sbuffer_init(&r.sb);
-    msgpack_packer_init(&r.pk, &r.sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&r.pk, ok ? 6 : 3);
-    pk_str(&r.pk, "type");
-    pk_str(&r.pk, ok ? "hello" : "error");
-    if (ok) {
-        int n = 0;
-        pk_str(&r.pk, "protocol");
-        msgpack_pack_int(&r.pk, 1);
-        pk_str(&r.pk, "contract");
-        pk_str(&r.pk, contract);
-        pk_str(&r.pk, "implementation");
-        pk_str(&r.pk, "zmq-conformance C example (libzmq, msgpack-c)");
-        pk_str(&r.pk, "capabilities");
-        pack_capabilities(&r.pk);
-        pk_str(&r.pk, "options");
-        while (options[n]) n++;
-        msgpack_pack_array(&r.pk, (size_t)n);
-        for (int i = 0; i < n; i++) pk_str(&r.pk, options[i]);
-    } else {
-        pk_str(&r.pk, "kind");
-        pk_str(&r.pk, "unsupported");
-        char why[128];
+/* The driver: answer the hello, then serve requests until stdin ends; idle()
+ * (if any) runs until the next request is readable. Returns the exit status. */
+static int serve(const char *contract, const char *const *options, Dispatch dispatch,
+                 void (*idle)(void)) {
+    msgpack_unpacked u;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    char *buf = NULL, why[128];
+    int n = 0;
+    msgpack_unpacked_init(&u);
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (!read_request(&u, &buf)) return 2;
+    if (!mp_is(mp_get(&u.data, "contract"), contract)) {
         snprintf(why, sizeof why, "this driver implements %s only", contract);
-        pk_str(&r.pk, "message");
-        pk_str(&r.pk, why);
+        msgpack_pack_map(&pk, 3), pk_pair(&pk, "type", "error");
+        pk_pair(&pk, "kind", "unsupported"), pk_pair(&pk, "message", why);
+        return write_reply(&sb), 2;
     }
-    reply_send(&r);
-    return ok;
+    msgpack_pack_map(&pk, 6);
+    pk_pair(&pk, "type", "hello"), pk_pair(&pk, "contract", contract);
+    pk_str(&pk, "protocol"), msgpack_pack_int(&pk, 1);
+    pk_pair(&pk, "implementation", "zmq-conformance C example (libzmq, msgpack-c)");
+    pk_str(&pk, "capabilities"), msgpack_pack_map(&pk, 2), pk_pair(&pk, "encoding", "map");
+    pk_str(&pk, "heartbeat_configurable"), msgpack_pack_true(&pk);
+    while (options[n]) n++;
+    pk_str(&pk, "options"), msgpack_pack_array(&pk, (size_t)n);
+    for (int i = 0; i < n; i++) pk_str(&pk, options[i]);
+    write_reply(&sb);
+    for (;;) {
+        if (idle) idle();
+        if (!read_request(&u, &buf)) break;
+        const msgpack_object *q = &u.data;
+        const char *message = "";
+        int64_t id = mp_int(mp_get(q, "id"), 0);
+        reply_head(&pk, id, "result");
+        const char *kind = dispatch(mp_get(q, "call"), mp_int(mp_get(q, "handle"), -1),
+                                    mp_get(q, "args"), &pk, &message);
+        if (kind) {
+            reply_head(&pk, id, "error"), msgpack_pack_map(&pk, 2);
+            pk_pair(&pk, "kind", kind), pk_pair(&pk, "message", message);
+        }
+        write_reply(&sb);
+    }
+    msgpack_unpacked_destroy(&u), msgpack_sbuffer_destroy(&sb), free(buf);
+    return 0;
 }
 #endif

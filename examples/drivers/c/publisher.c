@@ -25,10 +25,8 @@ static struct {
 } P;
 
 static void set_heartbeat(void *s, int ivl, int timeout) {
-    if (!ivl) return;
-    zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-    zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
-    zmq_setsockopt(s, ZMQ_HEARTBEAT_TTL, &timeout, sizeof timeout);
+    if (ivl) opt(s, ZMQ_HEARTBEAT_IVL, ivl), opt(s, ZMQ_HEARTBEAT_TIMEOUT, timeout),
+             opt(s, ZMQ_HEARTBEAT_TTL, timeout);
 }
 
 static const char *pub_open(const msgpack_object *a) {
@@ -40,7 +38,7 @@ static const char *pub_open(const msgpack_object *a) {
     P.steps = mp_int(mp_get(a, "buffer_steps"), 10000);
     P.stall = mp_int(mp_get(a, "replay_stall_timeout_ms"), 5000);
     P.shutdown_ms = mp_int(mp_get(a, "shutdown_timeout_ms"), 2000);
-    int hwm = (int)mp_int(mp_get(a, "sndhwm"), 100000), zero = 0, one = 1;
+    int hwm = (int)mp_int(mp_get(a, "sndhwm"), 100000);
     int hb = (int)mp_int(mp_get(a, "heartbeat_ivl_ms"), 1000);
     int hbt = (int)mp_int(mp_get(a, "heartbeat_timeout_ms"), 3000);
     if (P.steps < 1 || P.stall < 1 || P.shutdown_ms < 1 || hwm < 0 || hb < 0 || hbt < 0)
@@ -51,12 +49,12 @@ static const char *pub_open(const msgpack_object *a) {
     P.ctx = zmq_ctx_new();
     P.pub = zmq_socket(P.ctx, ZMQ_PUB);
     P.router = zmq_socket(P.ctx, ZMQ_ROUTER);
-    zmq_setsockopt(P.pub, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    opt(P.pub, ZMQ_SNDHWM, hwm);
     /* A full reader makes a send fail (EAGAIN) instead of dropping it. */
-    zmq_setsockopt(P.router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    opt(P.router, ZMQ_ROUTER_MANDATORY, 1);
     for (int i = 0; i < 2; i++) {
         void *s = i ? P.router : P.pub;
-        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        opt(s, ZMQ_LINGER, 0);
         set_heartbeat(s, hb, hbt ? hbt : hb);
         if (zmq_bind(s, i ? replay : endpoint) != 0) {
             static char why[300];
@@ -110,9 +108,10 @@ static void read_requests(void) {
         Job *j = &P.jobs[P.njobs++];
         j->id_len = zmq_msg_size(&p[0]);
         memcpy(j->id, zmq_msg_data(&p[0]), j->id_len);
-        /* From the oldest retained at most; a start past the newest (or a negative
-         * one, a huge unsigned one) gets the end marker alone. */
-        j->next = start < 0 || start > P.next_seq ? P.next_seq : start < oldest() ? oldest() : start;
+        /* From the oldest retained at most; a start past the newest (read unsigned,
+         * as the request is) gets the end marker alone. */
+        uint64_t from = (uint64_t)start, newest = (uint64_t)P.next_seq;
+        j->next = from > newest ? P.next_seq : start < oldest() ? oldest() : start;
         j->end = P.next_seq, j->progress = now_ms();
         close_parts(p, n);
     }
@@ -129,7 +128,7 @@ static int send_answer(Job *j, const void *seq, const void *payload, size_t len)
 
 /* A slice of every job; how long the loop may sleep: 0, 5 ms (a reader is full), -1 (none). */
 static long serve_replays(void) {
-    static const unsigned char end_marker[8] = {255, 255, 255, 255, 255, 255, 255, 255};
+    static const unsigned char END[8] = {255, 255, 255, 255, 255, 255, 255, 255}; /* -1 */
     long wait = -1;
     int64_t now = now_ms();
     for (int i = P.njobs - 1; i >= 0; i--) {
@@ -142,7 +141,7 @@ static long serve_replays(void) {
             size_t slot = (size_t)(j->next % P.steps);
             if (!(err = send_answer(j, seq, P.kept[slot], P.kept_len[slot]))) j->next++, sent++;
         }
-        if (!err && j->next == j->end && sent < SLICE && !(err = send_answer(j, end_marker, "", 0))) {
+        if (!err && j->next == j->end && sent < SLICE && !(err = send_answer(j, END, "", 0))) {
             P.served++;
             drop_job(i);
             continue;
@@ -181,16 +180,8 @@ static void pack_stats(msgpack_packer *pk) {
     for (int i = 0; i < 7; i++) { pk_str(pk, names[i]); msgpack_pack_long(pk, values[i]); }
 }
 
-static void capabilities(msgpack_packer *pk) {
-    msgpack_pack_map(pk, 2);
-    pk_str(pk, "encoding");
-    pk_str(pk, "map");
-    pk_str(pk, "heartbeat_configurable");
-    msgpack_pack_true(pk);
-}
-
 /* Serve replays until the suite's next request is readable on stdin. */
-static void serve_until_request(void) {
+static void serve_replays_until_request(void) {
     for (;;) {
         int live = P.ctx && !P.closed;
         long wait = -1;
@@ -201,63 +192,52 @@ static void serve_until_request(void) {
     }
 }
 
+static int64_t handles; /* the last handle issued */
+
+/* publish(): the batch map re-packed as it came is the payload ("map" encoding). */
+static const char *publish(const msgpack_object *batch, const char **message) {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    if (batch) msgpack_pack_object(&pk, *batch);
+    int ok = batch && batch->type == MSGPACK_OBJECT_MAP && batch_ok(sb.data, sb.size);
+    if (ok) pub_publish(sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return ok ? NULL : (*message = "batch is not a KVEventBatch map", "invalid");
+}
+
+static const char *dispatch(const msgpack_object *call, int64_t h, const msgpack_object *args,
+                            msgpack_packer *pk, const char **message) {
+    if (h == 0 && mp_is(call, "publisher")) {
+        if (P.ctx) return *message = "one publisher per process at a time", "invalid";
+        memset(&P, 0, sizeof P);
+        if ((*message = pub_open(args)))
+            return strstr(*message, "Address already in use") ? "address_in_use" : "invalid";
+        msgpack_pack_map(pk, 1), pk_str(pk, "handle"), msgpack_pack_int64(pk, ++handles);
+    } else if (h < 1 || h > handles) {
+        return *message = "no such handle", "invalid";
+    } else if (mp_is(call, "shutdown")) {
+        if (h == handles && P.ctx) pub_shutdown();
+        msgpack_pack_nil(pk);
+    } else if (mp_is(call, "stats")) {
+        pack_stats(pk);
+    } else if (!mp_is(call, "publish")) {
+        return *message = "no such call", "unsupported";
+    } else if (h != handles || !P.ctx) {
+        return *message = "publish() after shutdown()", "closed";
+    } else {
+        const char *kind = publish(mp_get(args, "batch"), message);
+        if (kind) return kind;
+        msgpack_pack_nil(pk);
+    }
+    return NULL;
+}
+
 int main(void) {
     static const char *const options[] = {"buffer_steps", "shutdown_timeout_ms",
         "replay_stall_timeout_ms", "heartbeat_ivl_ms", "heartbeat_timeout_ms", NULL};
-    msgpack_unpacked u;
-    char *buf = NULL;
-    int64_t handles = 0; /* the last handle issued */
-    msgpack_unpacked_init(&u);
-    if (!hello(&u, &buf, "kv-events-publisher", capabilities, options)) return 2;
-    for (;;) {
-        serve_until_request();
-        if (!read_request(&u, &buf)) break;
-        int64_t id = mp_int(mp_get(&u.data, "id"), 0), h = mp_int(mp_get(&u.data, "handle"), -1);
-        const msgpack_object *call = mp_get(&u.data, "call"), *args = mp_get(&u.data, "args");
-        Reply r;
-        if (h == 0 && mp_is(call, "publisher")) {
-            if (P.ctx) { reply_error(id, "invalid", "one publisher per process at a time"); continue; }
-            memset(&P, 0, sizeof P);
-            const char *why = pub_open(args);
-            if (why) {
-                reply_error(id, strstr(why, "Address already in use") ? "address_in_use" : "invalid", why);
-                continue;
-            }
-            msgpack_packer *pk = reply_result(&r, id);
-            msgpack_pack_map(pk, 1);
-            pk_str(pk, "handle");
-            msgpack_pack_int64(pk, ++handles);
-        } else if (h < 1 || h > handles) {
-            reply_error(id, "invalid", "no such handle");
-            continue;
-        } else if (mp_is(call, "shutdown")) {
-            if (h == handles && P.ctx) pub_shutdown();
-            msgpack_pack_nil(reply_result(&r, id));
-        } else if (mp_is(call, "stats")) {
-            pack_stats(reply_result(&r, id));
-        } else if (!mp_is(call, "publish")) {
-            reply_error(id, "unsupported", "no such call");
-            continue;
-        } else if (h != handles || !P.ctx) {
-            reply_error(id, "closed", "publish() after shutdown()");
-            continue;
-        } else {
-            const msgpack_object *batch = mp_get(args, "batch");
-            msgpack_sbuffer sb;
-            msgpack_packer pk;
-            msgpack_sbuffer_init(&sb);
-            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-            if (batch) msgpack_pack_object(&pk, *batch); /* the map encoding, as it came */
-            int ok = batch && batch->type == MSGPACK_OBJECT_MAP && batch_ok(sb.data, sb.size);
-            if (ok) pub_publish(sb.data, sb.size);
-            msgpack_sbuffer_destroy(&sb);
-            if (!ok) { reply_error(id, "invalid", "batch is not a KVEventBatch map"); continue; }
-            msgpack_pack_nil(reply_result(&r, id));
-        }
-        reply_send(&r);
-    }
-    if (P.ctx) { P.shutdown_ms = 0; pub_shutdown(); }
-    msgpack_unpacked_destroy(&u);
-    free(buf);
-    return 0;
+    int status = serve("kv-events-publisher", options, dispatch, serve_replays_until_request);
+    if (P.ctx) P.shutdown_ms = 0, pub_shutdown(); /* end of stdin: release at once */
+    return status;
 }

@@ -145,9 +145,8 @@ fn event_ok(e: &Value) -> bool {
         Value::Array(items) if !items.is_empty() => (items.first(), items[1..].iter().map(Some).collect()),
         _ => return false,
     };
-    let Some(&(_, kinds, required, names)) = EVENTS.iter().find(|ev| tag.is_some_and(|t| t.is_str(ev.0))) else {
-        return false; // an unknown event type
-    };
+    let found = EVENTS.iter().find(|ev| tag.map_or(false, |t| t.is_str(ev.0)));
+    let &(_, kinds, required, names) = match found { Some(ev) => ev, None => return false }; // unknown
     kinds.bytes().enumerate().all(|(f, kind)| {
         let v = if matches!(e, Value::Map(_)) { e.get(names[f]) } else { fields.get(f).copied().flatten() };
         v.map_or(f >= required, |v| kind_ok(kind, v))
@@ -163,7 +162,7 @@ fn batch(payload: &[u8]) -> Option<Value> {
         Value::Array(items) if items.len() >= 2 => (&items[0], &items[1], items.get(2)),
         _ => return None,
     };
-    let Value::Array(events) = events else { return None };
+    let events = match events { Value::Array(events) => events, _ => return None };
     let ok = (ts.is_int() || matches!(ts, Value::Float(_)))
         && rank.map_or(true, |r| kind_ok(b'j', r))
         && events.iter().all(event_ok);
@@ -232,7 +231,7 @@ impl Subscriber {
     /// Deliver held batches while they continue the sequence.
     fn flush(&mut self) {
         while let Some(next) = self.last.and_then(|l| l.checked_add(1)) {
-            let Some(b) = self.held.remove(&next) else { return };
+            let b = match self.held.remove(&next) { Some(b) => b, None => return };
             self.last = Some(next);
             if let Some(b) = b {
                 self.out.push((next, b));
@@ -255,7 +254,7 @@ impl Subscriber {
     }
 
     fn hold(&mut self, seq: i64, payload: &[u8]) {
-        if self.last.is_some_and(|l| seq <= l) || self.held.contains_key(&seq) {
+        if self.last.map_or(false, |l| seq <= l) || self.held.contains_key(&seq) {
             self.count("duplicates", 1);
             return;
         }
@@ -295,7 +294,7 @@ impl Subscriber {
             _ => return self.count("garbled", 1), // short, long, or past 2**63
         };
         self.traffic = Instant::now();
-        if self.last_live.is_some_and(|l| seq <= l) {
+        if self.last_live.map_or(false, |l| seq <= l) {
             self.restarted();
         } else if self.last.is_none() {
             self.last = Some(seq - 1); // join the stream where it is
@@ -310,10 +309,14 @@ impl Subscriber {
 
     /// [b"", seq, payload] (seq-payload) or [b"", topic, seq, payload] (topic-seq-payload).
     fn on_answer(&mut self, f: Vec<Vec<u8>>) {
-        let Some(replay) = &mut self.replay else { return self.count("stray_answers", 1) };
         let n = f.len();
-        let Some(raw) = (n == 3 || n == 4).then(|| &f[0]).filter(|d| d.is_empty())
-            .and_then(|_| <[u8; 8]>::try_from(&f[n - 2][..]).ok()) else { return self.count("garbled", 1) };
+        let raw = (n == 3 || n == 4).then(|| &f[0]).filter(|d| d.is_empty())
+            .and_then(|_| <[u8; 8]>::try_from(&f[n - 2][..]).ok());
+        let (replay, raw) = match (&mut self.replay, raw) {
+            (None, _) => return self.count("stray_answers", 1),
+            (Some(_), None) => return self.count("garbled", 1),
+            (Some(replay), Some(raw)) => (replay, raw),
+        };
         replay.activity = Instant::now();
         #[cfg(not(feature = "broken-end-marker"))]
         let seq = i64::from_be_bytes(raw); // signed: the end marker is -1
@@ -352,12 +355,13 @@ impl Subscriber {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
         loop {
             for _ in 0..64 {
-                let Ok(f) = self.sub.recv_multipart(zmq::DONTWAIT) else { break };
-                self.on_live(f);
+                match self.sub.recv_multipart(zmq::DONTWAIT) { Ok(f) => self.on_live(f), Err(_) => break }
             }
             for _ in 0..64 {
-                let Some(Ok(f)) = self.dealer.as_ref().map(|d| d.recv_multipart(zmq::DONTWAIT)) else { break };
-                self.on_answer(f);
+                match self.dealer.as_ref().map(|d| d.recv_multipart(zmq::DONTWAIT)) {
+                    Some(Ok(f)) => self.on_answer(f),
+                    _ => break,
+                }
             }
             let now = Instant::now();
             self.timers(now);
@@ -400,9 +404,9 @@ fn error(kind: &str, message: &str) -> Result<Value, (String, String)> {
 
 fn main() {
     let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
-    let Some(hello) = read_message(&mut input) else { std::process::exit(2) };
+    let hello = read_message(&mut input).unwrap_or_else(|| std::process::exit(2));
     const CONTRACT: &str = "kv-events-subscriber";
-    if !hello.get("contract").is_some_and(|c| c.is_str(CONTRACT)) {
+    if !hello.get("contract").map_or(false, |c| c.is_str(CONTRACT)) {
         let message = format!("this driver implements {CONTRACT} only");
         write_message(&mut output, &map(vec![("type", text("error")), ("kind", text("unsupported")),
                                              ("message", text(&message))]));
