@@ -130,7 +130,10 @@ class ProcessFaults:
 
 def _process_transport(node: Node) -> ProcessTransport:
     transport = node.transport
-    if not isinstance(transport, ProcessTransport):
+    # A process node, or a driver's transport (conformance.drivers.p2p), which has the
+    # same faults.
+    if not isinstance(transport, ProcessTransport) and not callable(
+            getattr(transport, "pause", None)):
         raise TypeError(f"{node.name} is not a process node; build it with "
                         "ProcessCluster.add_target()")
     return transport

@@ -21,7 +21,9 @@ Exit status:
 * 1: a clause failed, was flaky (failed only in some of its re-runs), was
   blocked (a call or the test hung), crashed (the process running it died) or
   unexpectedly passed;
-* 2: usage or configuration error (bad ``--transport``, unknown profile,
+* 2: usage or configuration error (bad ``--transport``, a ``--driver`` that
+  cannot start, exits at start, writes junk or speaks another protocol
+  version, unknown profile,
   bad capability, unreadable xfail file, ``-k`` selecting nothing);
 * 3: the suite could not run (collection error, internal error, interrupt:
   SIGINT/SIGTERM stop the child and its workers and the reports of what ran
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"factory of the implementation under test, shaped as the contract "
                           f"needs (default: ${ENV_TRANSPORT}, then the pytest ini option "
                           "zmq_transport, then the contract's reference)")
+    run.add_argument("--driver", metavar="CMD", default=None,
+                     help="a driver command to test instead of MODULE:ATTR, for an "
+                     "implementation in any language (docs/drivers.md)")
     run.add_argument("--profile", default=None, choices=None, metavar="NAME",
                      help=f"depth profile: {', '.join(profiles.PROFILES)} "
                           f"(default {profiles.DEFAULT_PROFILE})")
@@ -211,7 +216,18 @@ def _pytest_args(
                                              kind=contract.capability_type())
     for item in args.capability:
         out += ["--zmq-capability", item]
-    if args.transport is not None:
+    if args.driver is not None and args.transport is not None:
+        raise ConfigError("--driver and --transport both name the implementation under test; "
+                          "give one of them")
+    if args.driver is not None:
+        from conformance.drivers import driver_spec, shutdown
+
+        try:
+            driver_spec(contract, args.driver, overrides=overrides, option="--driver")
+        finally:
+            shutdown()
+        out += ["--zmq-driver", args.driver]
+    elif args.transport is not None:
         contract_spec_from_path(contract, args.transport, overrides=overrides,
                                 option="--transport")
         out += ["--zmq-transport", args.transport]

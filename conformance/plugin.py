@@ -58,6 +58,7 @@ import pytest
 
 from conformance import (
     contracts,
+    drivers,
     lifeline,
     postmortem,
     process_nodes,
@@ -144,6 +145,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="factory of the implementation under test, shaped as the contract "
                          "needs (implies --zmq-conformance); default: ini zmq_transport, "
                          "$ZMQ_CONFORMANCE_TRANSPORT, the contract's reference")
+    group.addoption("--zmq-driver", metavar="CMD", default=None,
+                    help="a driver command to test instead of MODULE:ATTR (docs/drivers.md)")
     group.addoption("--zmq-capability", metavar="NAME=VALUE", action="append", default=[],
                     help="declare a capability of the transport (repeatable), e.g. "
                          "heartbeat_ivl_ms=1000")
@@ -178,6 +181,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   type="bool", default=False)
     parser.addini("zmq_contract", "the contract to check (default p2p)", default="")
     parser.addini("zmq_transport", "MODULE:ATTR of the implementation under test", default="")
+    parser.addini("zmq_driver", "driver command of the implementation under test "
+                  "(docs/drivers.md)", default="")
     parser.addini("zmq_capabilities", "capabilities of the transport, one NAME=VALUE per line",
                   type="linelist", default=[])
     parser.addini("zmq_profile", "depth profile of the suite (ci, dev, thorough)", default="")
@@ -212,6 +217,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     process_nodes.shutdown()
+    drivers.shutdown()
     recorder = config.pluginmanager.get_plugin(_RECORDER)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)
@@ -277,6 +283,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         watchdog.set_block_hook(None)
         _restore_shrinking()
+        drivers.end_test()  # driver processes of objects the test left open
 
 
 def _supervised(
@@ -346,6 +353,7 @@ def _configure(config: pytest.Config) -> _State:
     state.opted_in = state.only or bool(
         config.getoption("zmq_conformance")
         or config.getoption("zmq_transport")
+        or config.getoption("zmq_driver")
         or config.getini("zmq_conformance")
     )
     state.chaos = bool(config.getoption("zmq_chaos"))
@@ -602,8 +610,11 @@ def pytest_runtest_makereport(
         return report
     exc = call.excinfo.value if call.excinfo is not None else None
     if report.failed and exc is not None:
+        crashed = drivers.find_crashed(exc)
         blocked = find_blocked(exc)
-        if blocked is not None:
+        if crashed is not None:
+            report.user_properties.append(("zmq_crashed", str(crashed)))
+        elif blocked is not None:
             report.user_properties.append(("zmq_blocked", str(blocked)))
         report.user_properties.append(("zmq_counterexample", counterexample(exc)))
         blamed = blamed_clauses(exc)

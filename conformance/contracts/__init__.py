@@ -63,6 +63,10 @@ class Contract:
         factory_shape: the call the suite makes, for error messages.
         probe: arguments (positional, keyword) the factory must accept; a
             factory whose signature cannot bind them does not fit.
+        driver: ``MODULE:ATTR`` of ``proxy(command, hello)``, the factory (or
+            implementation object) that puts a driver process in place of a
+            Python implementation (``--driver``, :mod:`conformance.drivers`);
+            empty while the contract has no driver bridge.
     """
 
     name: str
@@ -77,6 +81,7 @@ class Contract:
     capabilities: str
     factory_shape: str
     probe: tuple[tuple[Any, ...], Mapping[str, Any]] = field(default=((), {}))
+    driver: str = ""
 
     def spec_builder(self) -> Callable[..., Any]:
         builder: Callable[..., Any] = resolve(self.make_spec)
@@ -109,6 +114,7 @@ _P2P_CONTRACT = Contract(
     capabilities="conformance.spec:Capabilities",
     factory_shape="factory(local_id: str, host: str, port: int)",
     probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
+    driver="conformance.drivers.p2p:TransportFactory",
 )
 
 _PUBLISHER_CONTRACT = Contract(
@@ -124,6 +130,7 @@ _PUBLISHER_CONTRACT = Contract(
     capabilities="conformance.contracts.kv_events.spec:PublisherCapabilities",
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
+    driver="conformance.drivers.kv_events:PublisherFactory",
 )
 
 _SUBSCRIBER_CONTRACT = Contract(
@@ -139,6 +146,7 @@ _SUBSCRIBER_CONTRACT = Contract(
     capabilities="conformance.contracts.kv_events.spec:SubscriberCapabilities",
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
+    driver="conformance.drivers.kv_events:SubscriberFactory",
 )
 
 _CONTROL_CONTRACT = Contract(
@@ -156,6 +164,7 @@ _CONTROL_CONTRACT = Contract(
     "client(endpoint, *, heartbeat_ivl_ms, heartbeat_timeout_ms, request_timeout_ms, "
     "register), or a callable of no arguments returning one",
     probe=((), {}),
+    driver="conformance.drivers.control:ControlDriver",
 )
 
 #: Every contract by name, in the order ``list`` shows them.

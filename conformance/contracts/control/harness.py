@@ -33,6 +33,7 @@ import zmq
 
 from conformance import watchdog
 from conformance.contracts.control.spec import ControlSpec
+from conformance.drivers.behaviours import StandardHandler
 from conformance.errors import CallBlocked
 from conformance.harness import HOST, free_port, is_address_in_use
 
@@ -126,7 +127,13 @@ class SuiteHandlers:
             note(request)
             return {"registered": True}
 
-        return {ECHO: echo, SLOW: slow, FAIL: fail, BAD: bad, REGISTER: register}
+        # Standard behaviours (docs/drivers.md): a driver runs them by name, and the
+        # bridge records what it ran through ``note``.
+        return {ECHO: StandardHandler("echo", echo, note),
+                SLOW: StandardHandler("slow", slow, note),
+                FAIL: StandardHandler("raise", fail, note),
+                BAD: StandardHandler("bad_reply", bad, note),
+                REGISTER: StandardHandler("register", register, note)}
 
     def seen(self, *, type: str | None = None, generation: int | None = None) -> list[Seen]:
         with self._lock:

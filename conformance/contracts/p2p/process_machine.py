@@ -110,6 +110,8 @@ class ProcessChaosMachine(ChaosMachine):
 
     def _transport(self, name: str) -> ProcessTransport:
         transport = self.node[name].transport
-        if not isinstance(transport, ProcessTransport):
+        # A process node, or a driver's transport (conformance.drivers.p2p): same faults.
+        if not isinstance(transport, ProcessTransport) and not callable(
+                getattr(transport, "pause", None)):
             raise TypeError(f"{name} is not a process node")
         return transport

@@ -21,6 +21,7 @@ from conformance.harness import (
     unreachable_address,
     wait_inbound,
 )
+from conformance.drivers import is_driver_factory
 from conformance.process_nodes import is_process_spec
 from conformance.spec import TransportSpec
 
@@ -29,7 +30,7 @@ from conformance.spec import TransportSpec
 def _need_counting(zmq_transport_spec: TransportSpec) -> None:
     if not resources.supported():
         pytest.skip("RES: cannot count file descriptors on this platform")
-    if is_process_spec(zmq_transport_spec):
+    if is_process_spec(zmq_transport_spec) and not is_driver_factory(zmq_transport_spec.factory):
         pytest.skip("RES: descriptors and threads are counted in the test process, and with "
                     "--nodes process the transports live in other processes; run RES with "
                     "--nodes inprocess")
