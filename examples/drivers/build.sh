@@ -4,7 +4,7 @@
 #
 #   c/build/kv-subscriber                 c/build/kv-subscriber-broken-dedup
 #   c/build/kv-publisher                  c/build/kv-publisher-broken-replay
-#   rust/target/release/kv-subscriber     rust/target/broken/release/kv-subscriber
+#   rust/target/release/kv-subscriber     rust/target/broken/kv-subscriber
 #
 # Idempotent: a second run installs nothing and rebuilds nothing that is
 # up to date. Cargo runs offline against Debian's registry
@@ -35,6 +35,11 @@ fi
 
 make -s -C "$here/c" all-builds
 cd "$here/rust"
+# Cargo's own files stay in the checkout too. The broken build is copied aside,
+# then the normal one is built: both feature sets stay cached in target/.
+export CARGO_HOME="${CARGO_HOME:-$here/rust/target/cargo-home}"
+cargo build --release --offline --quiet --features broken-end-marker
+mkdir -p target/broken
+cp target/release/kv-subscriber target/broken/kv-subscriber
 cargo build --release --offline --quiet
-cargo build --release --offline --quiet --features broken-end-marker --target-dir target/broken
 echo "build.sh: built the C and Rust driver examples (normal and broken)"
