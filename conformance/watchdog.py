@@ -44,7 +44,7 @@ from typing import Any, ParamSpec, TypeVar
 from conformance.errors import CallBlocked
 
 __all__ = [
-    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test",
+    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
     "set_block_hook", "set_default_limit", "set_progress_hook",
 ]
 
@@ -112,6 +112,16 @@ def new_test() -> None:
     """A test starts: limits are whole again (see the module docstring)."""
     global _blocked_in_test
     _blocked_in_test = False
+
+
+def note_block() -> None:
+    """A call ended in a way that decides the test's verdict without a guard firing (a
+    driver process that crashed): cut later limits and run the block hook, as a fired
+    guard does, so shrinking an example that fails the same way every time stays cheap."""
+    global _blocked_in_test
+    if not _blocked_in_test and _on_block is not None:
+        _on_block()
+    _blocked_in_test = True
 
 
 def active() -> bool:

@@ -82,7 +82,7 @@ def driver_spec(contract: Contract, command: str, *,
         return contract.spec_builder()(factory, name=label, overrides=overrides,
                                        origin="--zmq-capability")
     except ConfigError as exc:
-        raise ConfigError(f"{option}: {exc}") from None
+        raise type(exc)(f"{option}: {exc}") from None
 
 
 def is_driver_factory(factory: Any) -> bool:

@@ -177,6 +177,7 @@ class DriverProcess:
         self._replies: list[dict[str, Any]] = []
         self._outgoing = bytearray()
         self._ids = itertools.count(1)
+        self._elapsed: float | None = None
         self._lock = threading.RLock()
         #: The signal the suite sent last (a PROC fault), if any.
         self.signalled: str | None = None
@@ -253,6 +254,9 @@ class DriverProcess:
                 raise self._no_answer(what, allowed) from None
             except ProtocolError as exc:
                 raise self._broken(what, str(exc)) from None
+        elapsed = reply.get("elapsed_ns")
+        self._elapsed = (elapsed / 1e9 if isinstance(elapsed, int) and elapsed >= 0
+                         else None)
         if "error" in reply:
             error = reply["error"]
             if not isinstance(error, dict):
@@ -263,6 +267,11 @@ class DriverProcess:
         if "result" not in reply:
             raise self._broken(what, f"a reply with neither 'result' nor 'error': {reply!r}")
         return reply["result"]
+
+    def last_elapsed(self) -> float | None:
+        """Seconds the implementation spent in the last call, as the driver measured it
+        (the reply's optional ``elapsed_ns``), or ``None``."""
+        return self._elapsed
 
     @staticmethod
     def _raise_error(kind: str, error: Mapping[str, Any]) -> Any:
@@ -334,12 +343,14 @@ class DriverProcess:
         how = _describe_exit(code) if code is not None else "closed its stdout"
         self.crash = f"{self.label} {how}{self._tail_note()}"
         self._kill()
+        watchdog.note_block()
         return DriverCrashed(f"{what}: {self.crash}")
 
     def _broken(self, what: str, problem: str) -> DriverCrashed:
         self.crash = (f"{self.label} broke the protocol on stdout: {problem}"
                       f"{self._tail_note()}")
         self._kill()
+        watchdog.note_block()
         return DriverCrashed(f"{what}: {self.crash}")
 
     def _no_answer(self, what: str, seconds: float) -> CallBlocked:

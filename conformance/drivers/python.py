@@ -28,6 +28,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -214,6 +215,7 @@ class _Service:
         self.target = target
         self.objects = _Objects()
         self.kinds: dict[int, str] = {}
+        self.overhead_ns = 0
         if contract == "control":
             if not (hasattr(target, "server") or hasattr(target, "client")) and callable(target):
                 self.target = target()
@@ -244,6 +246,9 @@ class _Service:
     # -- calls ----------------------------------------------------------------------
 
     def call(self, handle: int, name: str, args: dict[str, Any]) -> Any:
+        """Run one request; :attr:`overhead_ns` is then the driver's own share of it
+        (converting arguments and results), which ``elapsed_ns`` leaves out."""
+        self.overhead_ns = 0
         if handle == 0:
             return self._construct(name, args)
         obj = self.objects.get(handle)
@@ -328,10 +333,13 @@ class _Service:
     def _publisher_publish(self, obj: Any, batch: Any) -> None:
         from reference_impl.kv_events.schema import KVEventBatch
 
+        started = time.perf_counter_ns()
         try:
             typed = msgspec.convert(batch, KVEventBatch)
         except msgspec.ValidationError as exc:
             raise _Refused("invalid", f"not a KVEventBatch: {exc}") from None
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
         obj.publish(typed)
 
     def _publisher_shutdown(self, obj: Any) -> None:
@@ -343,8 +351,12 @@ class _Service:
     # kv-events-subscriber
 
     def _subscriber_poll(self, obj: Any, timeout_ms: int) -> Any:
-        return [[seq, msgspec.to_builtins(batch, builtin_types=_BYTES)]
-                for seq, batch in obj.poll(timeout_ms)]
+        got = obj.poll(timeout_ms)
+        started = time.perf_counter_ns()
+        try:
+            return [[seq, msgspec.to_builtins(batch, builtin_types=_BYTES)] for seq, batch in got]
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
 
     def _subscriber_close(self, obj: Any) -> None:
         obj.close()
@@ -447,16 +459,22 @@ def _serve(pipe: _Pipe, target_path: str) -> None:
         if request is None:
             return
         request_id = request.get("id")
+        elapsed = 0
         try:
             handle, name = request.get("handle"), request.get("call")
             if not isinstance(handle, int) or not isinstance(name, str):
                 raise _Refused("invalid", f"a request needs an integer handle and a call name: "
                                           f"{request!r}")
-            result = service.call(handle, name, dict(request.get("args") or {}))
+            args = dict(request.get("args") or {})
+            started = time.perf_counter_ns()
+            try:
+                result = service.call(handle, name, args)
+            finally:
+                elapsed = max(0, time.perf_counter_ns() - started - service.overhead_ns)
         except Exception as exc:
-            pipe.write({"id": request_id, "error": _error(exc)})
+            pipe.write({"id": request_id, "error": _error(exc), "elapsed_ns": elapsed})
         else:
-            pipe.write({"id": request_id, "result": result})
+            pipe.write({"id": request_id, "result": result, "elapsed_ns": elapsed})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,14 +76,22 @@ class Remote:
         self._name = name
         #: The object was closed cleanly and its process went back to the pool.
         self._released = False
+        #: How long the implementation spent in the last call, as the driver measured
+        #: it around the call (``None``: the driver does not say). Clauses that bound
+        #: how long a call takes its caller (EVT-3) judge this, not the protocol's
+        #: crossing time.
+        self.last_call_seconds: float | None = None
 
     def _call(self, call: str, args: Mapping[str, Any] | None = None, *,
               limit: float | None = None) -> Any:
+        self.last_call_seconds = None
         try:
             return self._process.call(self._handle, call, args or {},
                                       what=f"{call}() on {self._name}", limit=limit)
         except DriverReplyError as error:
             raise to_exception(error, self.errors) from None
+        finally:
+            self.last_call_seconds = self._process.last_elapsed()
 
     def _closing(self, call: str, args: Mapping[str, Any] | None = None, *,
                  limit: float | None = None) -> Any:
