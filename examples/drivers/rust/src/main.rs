@@ -353,11 +353,11 @@ impl Subscriber {
 
     fn poll(&mut self, timeout_ms: i64) -> Vec<(i64, Value)> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
-        loop {
-            for _ in 0..64 {
+        loop { // up to 1024 messages a socket a turn: one reply carries many
+            for _ in 0..1024 {
                 match self.sub.recv_multipart(zmq::DONTWAIT) { Ok(f) => self.on_live(f), Err(_) => break }
             }
-            for _ in 0..64 {
+            for _ in 0..1024 {
                 match self.dealer.as_ref().map(|d| d.recv_multipart(zmq::DONTWAIT)) {
                     Some(Ok(f)) => self.on_answer(f),
                     _ => break,
