@@ -15,19 +15,17 @@
 
 static int64_t now_ms(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+    return clock_gettime(CLOCK_MONOTONIC, &t), (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
 /* --- MessagePack values -------------------------------------------------- */
-
 static int mp_is(const msgpack_object *o, const char *s) {
     size_t n = strlen(s);
     return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n
-           && memcmp(o->via.str.ptr, s, n) == 0;
+           && !memcmp(o->via.str.ptr, s, n);
 }
 
-static const msgpack_object *mp_get(const msgpack_object *m, const char *key) {
+static msgpack_object *mp_get(const msgpack_object *m, const char *key) {
     if (!m || m->type != MSGPACK_OBJECT_MAP) return NULL;
     for (uint32_t i = 0; i < m->via.map.size; i++)
         if (mp_is(&m->via.map.ptr[i].key, key)) return &m->via.map.ptr[i].val;
@@ -43,13 +41,10 @@ static int64_t mp_int(const msgpack_object *o, int64_t fallback) {
     return mp_is_int(o) ? o->via.i64 : fallback;
 }
 
-/* A string argument copied into buf (empty when absent); 0 if it does not fit. */
+/* A string argument copied into buf; 0 if absent, not a string or too long. */
 static int mp_text(const msgpack_object *o, char *buf, size_t cap) {
-    buf[0] = 0;
-    if (!o || o->type == MSGPACK_OBJECT_NIL) return 1;
-    if (o->type != MSGPACK_OBJECT_STR || o->via.str.size >= cap) return 0;
-    memcpy(buf, o->via.str.ptr, o->via.str.size);
-    buf[o->via.str.size] = 0;
+    if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size >= cap) return 0;
+    memcpy(buf, o->via.str.ptr, o->via.str.size), buf[o->via.str.size] = 0;
     return 1;
 }
 
@@ -62,7 +57,6 @@ static void pk_str(msgpack_packer *pk, const char *s) {
 }
 
 /* --- the KVEventBatch schema (map or array encoding, newer fields ignored) - */
-
 /* Field kinds: H list of hashes, h hash or nil, I list of ints, i int,
  * j int or nil, s str or nil. A hash is an int or bytes. */
 static int kind_ok(char kind, const msgpack_object *o) {
@@ -89,10 +83,13 @@ static const struct { const char *tag, *kinds; int required; const char *names[7
     {"AllBlocksCleared", "", 0, {0}},
 };
 
+/* 1: a known event, as the schema says; -1: a type this driver does not know (a
+ * newer producer's, dropped from the batch); 0: garbage. */
 static int event_ok(const msgpack_object *e) {
     int is_map = e->type == MSGPACK_OBJECT_MAP;
     if (!is_map && (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size == 0)) return 0;
     const msgpack_object *tag = is_map ? mp_get(e, "type") : &e->via.array.ptr[0];
+    if (!tag || tag->type != MSGPACK_OBJECT_STR) return 0;
     for (size_t t = 0; t < sizeof EVENTS / sizeof EVENTS[0]; t++) {
         if (!mp_is(tag, EVENTS[t].tag)) continue;
         for (int f = 0; EVENTS[t].kinds[f]; f++) {
@@ -102,18 +99,20 @@ static int event_ok(const msgpack_object *e) {
         }
         return 1;
     }
-    return 0; /* an unknown event type */
+    return -1;
 }
 
 /* Whether payload is exactly one KVEventBatch: {ts, events, data_parallel_rank?}
- * as a map, or [ts, events, data_parallel_rank?] as an array. */
-static int batch_ok(const char *payload, size_t len) {
+ * as a map, or [ts, events, data_parallel_rank?] as an array. If it is and clean
+ * is given, the batch is packed into it without its events of unknown types. */
+static int batch_ok(const char *payload, size_t len, msgpack_sbuffer *clean) {
     msgpack_unpacked u;
+    msgpack_packer pk;
     size_t off = 0;
     int ok = 0;
     msgpack_unpacked_init(&u);
     if (msgpack_unpack_next(&u, payload, len, &off) == MSGPACK_UNPACK_SUCCESS && off == len) {
-        const msgpack_object *b = &u.data, *ts = NULL, *ev = NULL, *dp = NULL;
+        msgpack_object *b = &u.data, *ts = NULL, *ev = NULL, *dp = NULL, *kept;
         if (b->type == MSGPACK_OBJECT_MAP) {
             ts = mp_get(b, "ts"), ev = mp_get(b, "events"), dp = mp_get(b, "data_parallel_rank");
         } else if (b->type == MSGPACK_OBJECT_ARRAY && b->via.array.size >= 2) {
@@ -123,15 +122,20 @@ static int batch_ok(const char *payload, size_t len) {
         ok = ts && ev && (mp_is_int(ts) || ts->type == MSGPACK_OBJECT_FLOAT64
                           || ts->type == MSGPACK_OBJECT_FLOAT32)
              && ev->type == MSGPACK_OBJECT_ARRAY && (!dp || kind_ok('j', dp));
-        for (uint32_t i = 0; ok && i < ev->via.array.size; i++)
-            ok = event_ok(&ev->via.array.ptr[i]);
+        kept = ok ? ev->via.array.ptr : NULL; /* known events, moved down in place */
+        for (uint32_t i = 0; ok && i < ev->via.array.size; i++) /* ok: -1 past unknown ones */
+            if ((ok = event_ok(&ev->via.array.ptr[i])) > 0) *kept++ = ev->via.array.ptr[i];
+        if (ok && clean) {
+            ev->via.array.size = (uint32_t)(kept - ev->via.array.ptr);
+            msgpack_packer_init(&pk, clean, msgpack_sbuffer_write);
+            msgpack_pack_object(&pk, *b);
+        }
     }
     msgpack_unpacked_destroy(&u);
-    return ok;
+    return ok != 0;
 }
 
 /* --- zmq ----------------------------------------------------------------- */
-
 /* One multipart message without blocking: the frame count (frames past
  * MAX_PARTS are counted, not kept), or -1 when nothing is waiting. */
 static int recv_parts(void *sock, zmq_msg_t *parts) {
@@ -162,7 +166,6 @@ static void put_be64(unsigned char *b, int64_t seq) {
 }
 
 /* --- driver protocol framing: 4-byte big-endian length, then MessagePack -- */
-
 /* The next request from stdin into u (its buffer in *buf); 0 at end of input. */
 static int read_request(msgpack_unpacked *u, char **buf) {
     unsigned char h[4];
@@ -182,7 +185,6 @@ static void write_reply(const msgpack_sbuffer *sb) {
 }
 
 /* --- driver protocol version 1 (docs/drivers.md) ---------------------------- */
-
 static void pk_pair(msgpack_packer *pk, const char *key, const char *value) {
     pk_str(pk, key), pk_str(pk, value);
 }

@@ -201,7 +201,7 @@ static const char *publish(const msgpack_object *batch, const char **message) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     if (batch) msgpack_pack_object(&pk, *batch);
-    int ok = batch && batch->type == MSGPACK_OBJECT_MAP && batch_ok(sb.data, sb.size);
+    int ok = batch && batch->type == MSGPACK_OBJECT_MAP && batch_ok(sb.data, sb.size, NULL);
     if (ok) pub_publish(sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     return ok ? NULL : (*message = "batch is not a KVEventBatch map", "invalid");

@@ -58,24 +58,21 @@ static void give_up(int64_t upto) {
     }
 }
 
-static Batch take(int64_t seq, const void *data, size_t len, int ok) {
-    Batch b = {seq, malloc(len + 1), len, ok};
-    if (!b.data) abort();
-    memcpy(b.data, data, len);
-    return b;
-}
-
-static void hold(int64_t seq, const void *data, size_t len) {
-    int ok = batch_ok(data, len);
+static void hold(int64_t seq, const char *data, size_t len) {
+    msgpack_sbuffer sb; /* the batch as the application gets it */
+    msgpack_sbuffer_init(&sb);
+    Batch b = {seq, NULL, 0, batch_ok(data, len, &sb)};
+    b.data = sb.data, b.len = sb.size;
     if (seq <= S.last || held_find(seq) >= 0) {
 #ifdef BROKEN_DEDUP
-        if (ok) *append(&S.out) = take(seq, data, len, 1); /* hands the copy on again */
+        if (b.ok) *append(&S.out) = b, b.data = NULL; /* hands the copy on again */
 #endif
         S.count[DUPLICATES]++;
+        free(b.data);
         return;
     }
-    if (!ok) S.count[GARBLED]++; /* a garbled payload still consumes its seq */
-    *append(&S.held) = take(seq, data, len, ok);
+    if (!b.ok) S.count[GARBLED]++; /* a garbled payload still consumes its seq */
+    *append(&S.held) = b;
     flush();
 }
 
@@ -228,7 +225,7 @@ static const char *dispatch(const msgpack_object *call, int64_t h, const msgpack
     } else if (mp_is(call, "poll")) {
         sub_poll(mp_int(mp_get(args, "timeout_ms"), 0));
         msgpack_pack_array(pk, S.out.n);
-        for (size_t i = 0; i < S.out.n; i++) { /* [seq, batch]: the payload as it came */
+        for (size_t i = 0; i < S.out.n; i++) { /* [seq, batch], the batch packed by hold() */
             msgpack_pack_array(pk, 2), msgpack_pack_int64(pk, S.out.v[i].seq);
             msgpack_sbuffer_write(pk->data, S.out.v[i].data, S.out.v[i].len);
         }

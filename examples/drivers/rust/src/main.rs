@@ -139,34 +139,48 @@ const EVENTS: [(&str, &str, usize, &[&str]); 3] = [
     ("AllBlocksCleared", "", 0, &[]),
 ];
 
-fn event_ok(e: &Value) -> bool {
+/// Some(true): a known event, as the schema says; Some(false): a type this driver
+/// does not know (a newer producer's: dropped from the batch); None: garbage.
+fn event_ok(e: &Value) -> Option<bool> {
     let (tag, fields): (Option<&Value>, Vec<Option<&Value>>) = match e {
         Value::Map(_) => (e.get("type"), Vec::new()),
         Value::Array(items) if !items.is_empty() => (items.first(), items[1..].iter().map(Some).collect()),
-        _ => return false,
+        _ => return None,
     };
-    let found = EVENTS.iter().find(|ev| tag.map_or(false, |t| t.is_str(ev.0)));
-    let &(_, kinds, required, names) = match found { Some(ev) => ev, None => return false }; // unknown
-    kinds.bytes().enumerate().all(|(f, kind)| {
+    let tag = tag.and_then(Value::text)?;
+    let &(_, kinds, required, names) = match EVENTS.iter().find(|ev| ev.0 == tag) {
+        Some(ev) => ev,
+        None => return Some(false),
+    };
+    let ok = kinds.bytes().enumerate().all(|(f, kind)| {
         let v = if matches!(e, Value::Map(_)) { e.get(names[f]) } else { fields.get(f).copied().flatten() };
         v.map_or(f >= required, |v| kind_ok(kind, v))
-    })
+    });
+    ok.then_some(true)
 }
 
-/// The payload decoded, if it is one KVEventBatch: {ts, events, data_parallel_rank?}
-/// as a map, or [ts, events, data_parallel_rank?] as an array.
+/// The payload decoded, if it is one KVEventBatch ({ts, events, data_parallel_rank?}
+/// as a map, or [ts, events, data_parallel_rank?] as an array), without the events
+/// of unknown types.
 fn batch(payload: &[u8]) -> Option<Value> {
-    let b = decode(payload)?;
+    let mut b = decode(payload)?;
     let (ts, events, rank) = match &b {
         Value::Map(_) => (b.get("ts")?, b.get("events")?, b.get("data_parallel_rank")),
         Value::Array(items) if items.len() >= 2 => (&items[0], &items[1], items.get(2)),
         _ => return None,
     };
     let events = match events { Value::Array(events) => events, _ => return None };
-    let ok = (ts.is_int() || matches!(ts, Value::Float(_)))
-        && rank.map_or(true, |r| kind_ok(b'j', r))
-        && events.iter().all(event_ok);
-    ok.then_some(b)
+    let known: Vec<bool> = events.iter().map(event_ok).collect::<Option<_>>()?;
+    if !(ts.is_int() || matches!(ts, Value::Float(_))) || !rank.map_or(true, |r| kind_ok(b'j', r)) {
+        return None;
+    }
+    let kept = Value::Array(events.iter().zip(&known).filter(|(_, k)| **k).map(|(e, _)| e.clone()).collect());
+    match &mut b {
+        Value::Map(pairs) => pairs.iter_mut().filter(|(k, _)| k.is_str("events")).for_each(|(_, v)| *v = kept.clone()),
+        Value::Array(items) => items[1] = kept,
+        _ => {}
+    }
+    Some(b)
 }
 
 // --- the subscriber --------------------------------------------------------------
