@@ -125,6 +125,7 @@ static int batch_ok(const char *payload, size_t len, msgpack_sbuffer *clean) {
         kept = ok ? ev->via.array.ptr : NULL; /* known events, moved down in place */
         for (uint32_t i = 0; ok && i < ev->via.array.size; i++) /* ok: -1 past unknown ones */
             if ((ok = event_ok(&ev->via.array.ptr[i])) > 0) *kept++ = ev->via.array.ptr[i];
+        ok = ok && !(ev->via.array.size && kept == ev->via.array.ptr); /* all unknown: garbled */
         if (ok && clean) {
             ev->via.array.size = (uint32_t)(kept - ev->via.array.ptr);
             msgpack_packer_init(&pk, clean, msgpack_sbuffer_write);

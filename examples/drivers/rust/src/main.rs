@@ -125,7 +125,9 @@ fn kind_ok(kind: u8, v: &Value) -> bool {
         b'j' => nil || v.is_int(),
         b's' => nil || matches!(v, Value::Str(_)),
         b'H' | b'I' => match v {
-            Value::Array(items) => items.iter().all(|x| kind_ok(if kind == b'H' { b'#' } else { b'i' }, x)),
+            Value::Array(items) => {
+                items.iter().all(|x| kind_ok(if kind == b'H' { b'#' } else { b'i' }, x))
+            }
             _ => false,
         },
         _ => false,
@@ -144,7 +146,9 @@ const EVENTS: [(&str, &str, usize, &[&str]); 3] = [
 fn event_ok(e: &Value) -> Option<bool> {
     let (tag, fields): (Option<&Value>, Vec<Option<&Value>>) = match e {
         Value::Map(_) => (e.get("type"), Vec::new()),
-        Value::Array(items) if !items.is_empty() => (items.first(), items[1..].iter().map(Some).collect()),
+        Value::Array(items) if !items.is_empty() => {
+            (items.first(), items[1..].iter().map(Some).collect())
+        }
         _ => return None,
     };
     let tag = tag.and_then(Value::text)?;
@@ -153,7 +157,8 @@ fn event_ok(e: &Value) -> Option<bool> {
         None => return Some(false),
     };
     let ok = kinds.bytes().enumerate().all(|(f, kind)| {
-        let v = if matches!(e, Value::Map(_)) { e.get(names[f]) } else { fields.get(f).copied().flatten() };
+        let v = if matches!(e, Value::Map(_)) { e.get(names[f]) }
+                else { fields.get(f).copied().flatten() };
         v.map_or(f >= required, |v| kind_ok(kind, v))
     });
     ok.then_some(true)
@@ -171,12 +176,17 @@ fn batch(payload: &[u8]) -> Option<Value> {
     };
     let events = match events { Value::Array(events) => events, _ => return None };
     let known: Vec<bool> = events.iter().map(event_ok).collect::<Option<_>>()?;
+    if !known.is_empty() && !known.contains(&true) {
+        return None; // only events of unknown types: garbled
+    }
     if !(ts.is_int() || matches!(ts, Value::Float(_))) || !rank.map_or(true, |r| kind_ok(b'j', r)) {
         return None;
     }
-    let kept = Value::Array(events.iter().zip(&known).filter(|(_, k)| **k).map(|(e, _)| e.clone()).collect());
+    let kept = events.iter().zip(&known).filter(|(_, k)| **k).map(|(e, _)| e.clone());
+    let kept = Value::Array(kept.collect());
     match &mut b {
-        Value::Map(pairs) => pairs.iter_mut().filter(|(k, _)| k.is_str("events")).for_each(|(_, v)| *v = kept.clone()),
+        Value::Map(pairs) => pairs.iter_mut().filter(|(k, _)| k.is_str("events"))
+            .for_each(|(_, v)| *v = kept.clone()),
         Value::Array(items) => items[1] = kept,
         _ => {}
     }
@@ -210,8 +220,9 @@ impl Subscriber {
     fn open(args: &Value) -> Result<Subscriber, String> {
         let arg = |k| args.get(k).and_then(Value::text).ok_or(format!("{k} must be a string"));
         let ms = |k, d| args.get(k).and_then(Value::int).unwrap_or(d);
-        let (endpoint, replay_endpoint, topic) = (arg("endpoint")?, arg("replay_endpoint")?, arg("topic")?);
-        let (timeout, hb, hbt) = (ms("replay_timeout_ms", 1000), ms("heartbeat_ivl_ms", 500), ms("heartbeat_timeout_ms", 1500));
+        let (endpoint, replay_endpoint) = (arg("endpoint")?, arg("replay_endpoint")?);
+        let (topic, timeout) = (arg("topic")?, ms("replay_timeout_ms", 1000));
+        let (hb, hbt) = (ms("heartbeat_ivl_ms", 500), ms("heartbeat_timeout_ms", 1500));
         if timeout < 1 || hb < 0 || hbt < 0 {
             return Err("replay_timeout_ms must be >= 1, heartbeats >= 0".into());
         }
@@ -286,10 +297,11 @@ impl Subscriber {
             self.dealer = Some(dealer);
         }
         let start = self.last.map_or(0, |l| l.saturating_add(1));
-        self.replay = Some(Replay { covers: self.last_live.or(self.last).unwrap_or(-1), activity: Instant::now() });
+        let covers = self.last_live.or(self.last).unwrap_or(-1);
+        self.replay = Some(Replay { covers, activity: Instant::now() });
         self.count("replays", 1);
         let request: [&[u8]; 2] = [b"", &start.to_be_bytes()];
-        let _ = self.dealer.as_ref().unwrap().send_multipart(request, zmq::DONTWAIT); // unsent: retried
+        let _ = self.dealer.as_ref().unwrap().send_multipart(request, zmq::DONTWAIT); // or retried
     }
 
     /// A live seq at or below the last live one: a new publisher incarnation.
@@ -369,7 +381,10 @@ impl Subscriber {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
         loop { // up to 1024 messages a socket a turn: one reply carries many
             for _ in 0..1024 {
-                match self.sub.recv_multipart(zmq::DONTWAIT) { Ok(f) => self.on_live(f), Err(_) => break }
+                match self.sub.recv_multipart(zmq::DONTWAIT) {
+                    Ok(f) => self.on_live(f),
+                    Err(_) => break,
+                }
             }
             for _ in 0..1024 {
                 match self.dealer.as_ref().map(|d| d.recv_multipart(zmq::DONTWAIT)) {
@@ -430,7 +445,8 @@ fn main() {
     write_message(&mut output, &map(vec![
         ("type", text("hello")), ("protocol", Value::Int(1)), ("contract", text(CONTRACT)),
         ("implementation", text("zmq-conformance Rust example (zmq 0.9, rmp-serde 1.1)")),
-        ("capabilities", map(vec![("encoding", text("map")), ("heartbeat_configurable", Value::Bool(true))])),
+        ("capabilities", map(vec![("encoding", text("map")),
+                                  ("heartbeat_configurable", Value::Bool(true))])),
         ("options", Value::Array(options.iter().map(|o| text(o)).collect())),
     ]));
     let (mut live, mut handles): (Option<Subscriber>, i64) = (None, 0);
@@ -442,7 +458,9 @@ fn main() {
         let args = request.get("args").unwrap_or(&no_args);
         let current = handle == handles && live.is_some();
         let result = match (handle, call) {
-            (0, "subscriber") if live.is_some() => error("invalid", "one subscriber per process at a time"),
+            (0, "subscriber") if live.is_some() => {
+                error("invalid", "one subscriber per process at a time")
+            }
             (0, "subscriber") => Subscriber::open(args).map_or_else(|e| error("invalid", &e), |s| {
                 live = Some(s);
                 handles += 1;
@@ -457,7 +475,8 @@ fn main() {
             (_, "poll") => {
                 let timeout = args.get("timeout_ms").and_then(Value::int).unwrap_or(0);
                 let got = live.as_mut().unwrap().poll(timeout);
-                Ok(Value::Array(got.into_iter().map(|(s, b)| Value::Array(vec![Value::Int(s), b])).collect()))
+                let pairs = got.into_iter().map(|(s, b)| Value::Array(vec![Value::Int(s), b]));
+                Ok(Value::Array(pairs.collect()))
             }
             (_, "stats") => Ok(Value::Map(live.as_ref().unwrap().stats.iter()
                 .map(|(k, v)| (text(k), Value::Int(*v))).collect())),
