@@ -17,11 +17,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from plugin_project import load_json, make_project, run_cli, verdicts
 
-from conformance import contracts, resources, watchdog
+from conformance import contracts
 from conformance.drivers import (
     DriverCrashed,
     DriverStartError,
@@ -32,7 +33,9 @@ from conformance.drivers import (
 )
 from conformance.drivers import process as driver_processes
 from conformance.errors import CallBlocked
-from conformance.harness import free_port
+from conformance.supervision import watchdog
+from conformance.testing import resources
+from conformance.testing.net import free_port
 from reference_impl.p2p.interface import DuplicateConnectionError
 
 BROKEN = Path(__file__).parent / "drivers" / "broken.py"
@@ -67,6 +70,22 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+def _running(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains ``marker``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if marker in cmdline and not _gone(int(name)):
+            found.append(int(name))
+    return found
+
+
 @pytest.fixture(autouse=True)
 def _no_driver_left() -> Iterator[None]:
     yield
@@ -80,7 +99,7 @@ def _transport(command: str) -> tuple[object, int]:
     spec = driver_spec(contracts.get("p2p"), command)
     port = free_port()
     node = spec.build(f"127.0.0.1:{port}", "127.0.0.1", port)
-    return node, node.pid  # type: ignore[attr-defined]
+    return node, node.pid
 
 
 # -- failure modes ---------------------------------------------------------------------
@@ -156,7 +175,7 @@ def test_a_command_that_does_not_exist_is_one_line() -> None:
 
 
 def test_what_a_driver_forks_ends_with_it() -> None:
-    node, pid = _transport(broken("fork-hang"))
+    _node, pid = _transport(broken("fork-hang"))
     deadline = time.monotonic() + 5
     while len(_group_members(pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -175,6 +194,7 @@ def test_cli_wrong_version_exits_2_with_one_line_and_runs_nothing(tmp_path: Path
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "speaks protocol version 2" in lines[0], result.stderr
     assert not (project / "r.json").exists()
+    assert _running(f"{BROKEN} version") == []
 
 
 # -- the Python driver -------------------------------------------------------------------
@@ -193,7 +213,7 @@ def test_python_driver_carries_content_and_errors() -> None:
         with pytest.raises(DuplicateConnectionError):
             a.connect(f"127.0.0.1:{ports[1]}")
         deadline = time.monotonic() + 5
-        inbound = []
+        inbound: list[Any] = []
         while not inbound and time.monotonic() < deadline:
             inbound = b.poll()
         assert inbound and inbound[0].recv() == [message]
@@ -228,6 +248,7 @@ def test_crashed_and_leaks_reach_the_verdicts_through_the_python_driver(tmp_path
     crashed = _run(project, f"{PYTHON_DRIVER} {mutants}:AbortsInSend",
                    "-k", "test_duplicate_connect_raises_and_keeps_existing")
     assert crashed["CONN-2"] == "crashed"
+    assert _running(f"{mutants}:AbortsInSend") == []  # nothing outlived the run
     report = load_json(project / "r.json")["clauses"]["CONN-2"]
     assert "SIGABRT" in str(report), report
     leaky = _run(project, f"{PYTHON_DRIVER} {mutants}:CloseLeaksMonitor",

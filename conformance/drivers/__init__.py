@@ -13,8 +13,8 @@ and builds the contract's spec from a proxy factory
 unchanged: the proxies satisfy each family's duck-typed interface.
 
 Modules: :mod:`.protocol` (frames, hello), :mod:`.process` (processes,
-pool, crashes, resources), :mod:`.remote` (what every proxy shares),
-:mod:`.p2p`, :mod:`.kv_events`, :mod:`.control` (the proxies),
+pool, crashes, resources), :mod:`.remote` (what every proxy shares; each family's
+proxies live in its package, ``conformance/contracts/<family>/driver.py``),
 :mod:`.behaviours` (standard behaviours for callables), :mod:`.python`
 (the Python driver, ``python -m conformance.drivers.python MODULE:ATTR``).
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from conformance import resources
 from conformance.drivers.process import (
     DriverCrashed,
     DriverGone,
@@ -36,6 +35,7 @@ from conformance.drivers.process import (
     shutdown,
 )
 from conformance.errors import ConfigError
+from conformance.testing import resources
 
 if TYPE_CHECKING:
     from conformance.contracts import Contract

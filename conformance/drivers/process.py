@@ -57,7 +57,6 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, Final
 
-from conformance import lifeline, watchdog
 from conformance.drivers.protocol import (
     FrameReader,
     Hello,
@@ -67,6 +66,7 @@ from conformance.drivers.protocol import (
     hello_request,
 )
 from conformance.errors import CallBlocked, ConfigError
+from conformance.supervision import cleanup, lifeline, watchdog
 
 __all__ = [
     "DriverCrashed",
@@ -150,20 +150,18 @@ class DriverProcess:
         self.command = command
         self.contract = contract
         argv = _split(command)
-        log = tempfile.NamedTemporaryFile(prefix="zmq-conformance-driver-", suffix=".log",
-                                          delete=False)
-        self.log_path = log.name
+        log_fd, self.log_path = tempfile.mkstemp(prefix="zmq-conformance-driver-",
+                                                 suffix=".log")
         env = dict(os.environ, ZMQ_CONFORMANCE_DRIVER_PROTOCOL="1",
                    ZMQ_CONFORMANCE_CONTRACT=contract)
         try:
-            self._popen = _spawn(argv, log, env)
+            self._popen = _spawn(argv, log_fd, env)
         except OSError as exc:
-            log.close()
             os.unlink(self.log_path)
             raise DriverStartError(f"driver {command!r}: cannot start {argv[0]!r}: "
                                    f"{exc.strerror or exc}") from None
         finally:
-            log.close()
+            os.close(log_fd)  # the child has its own copy
         self.pid = self._popen.pid
         assert self._popen.stdin is not None and self._popen.stdout is not None
         self._stdin: IO[bytes] = self._popen.stdin
@@ -516,7 +514,7 @@ _spawner_tid: int | None = None
 _spawner_lock = threading.Lock()
 
 
-def _spawn(argv: list[str], log: IO[bytes], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], log: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Start the driver from a thread that lives as long as the suite (see the module doc)."""
 
     def start() -> subprocess.Popen[bytes]:
@@ -653,6 +651,8 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+cleanup.at_session_end(shutdown)
+cleanup.after_each_test(end_test)  # processes whose objects the test left open
 
 def processes() -> list[DriverProcess]:
     """The driver processes alive now, idle or busy (for the bridge's own tests)."""

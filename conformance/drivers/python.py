@@ -218,7 +218,15 @@ class _Service:
         self.overhead_ns = 0
         if contract == "control":
             if not (hasattr(target, "server") or hasattr(target, "client")) and callable(target):
-                self.target = target()
+                try:
+                    self.target = target()
+                except Exception as exc:
+                    raise _Refused("unsupported", f"{_target_name(target)} is no control "
+                                                  f"implementation: calling it for one raised "
+                                                  f"{type(exc).__name__}: {exc}") from None
+            if all(getattr(self.target, side, None) is None for side in ("server", "client")):
+                raise _Refused("unsupported", f"{_target_name(target)} has neither a 'server' "
+                                              "nor a 'client' factory")
         elif contract not in ("p2p", "kv-events-publisher", "kv-events-subscriber"):
             raise _Refused("unsupported", f"the Python driver does not serve the contract "
                                           f"{contract!r} yet")

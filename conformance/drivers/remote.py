@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import zmq
 
@@ -68,7 +68,7 @@ class Remote:
     """An object behind ``handle`` in ``process``; ``name`` is how reports call it."""
 
     #: How this object's error kinds become exceptions (a subclass's table).
-    errors: ErrorTable = {}
+    errors: ClassVar[ErrorTable] = {}
 
     def __init__(self, process: DriverProcess, handle: int, name: str) -> None:
         self._process = process

@@ -1,7 +1,7 @@
 """The chaos machine with process faults in its alphabet: pause and crash.
 
 :class:`ProcessChaosMachine` is the chaos machine (:mod:`.chaos_machine`) with every
-node in its own process (:func:`conformance.process_nodes.process_spec`) and
+node in its own process (:func:`conformance.contracts.p2p.process_nodes.process_spec`) and
 two more rules, so Hypothesis shrinks process faults together with the
 traffic and the proxy faults:
 
@@ -22,6 +22,7 @@ stopped process.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -30,8 +31,8 @@ from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
 from conformance.contracts.p2p.machines import ClusterMachine, NodeRef, Violation
 from conformance.contracts.p2p.machines.model import ConnModel
-from conformance.process_nodes import ProcessTransport, process_spec
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.process_nodes import ProcessTransport, process_spec
+from conformance.contracts.p2p.spec import TransportSpec
 
 __all__ = ["ProcessChaosMachine"]
 
@@ -110,8 +111,8 @@ class ProcessChaosMachine(ChaosMachine):
 
     def _transport(self, name: str) -> ProcessTransport:
         transport = self.node[name].transport
-        # A process node, or a driver's transport (conformance.drivers.p2p): same faults.
+        # A process node, or a driver's transport (conformance.contracts.p2p.driver): same faults.
         if not isinstance(transport, ProcessTransport) and not callable(
                 getattr(transport, "pause", None)):
             raise TypeError(f"{name} is not a process node")
-        return transport
+        return cast(ProcessTransport, transport)  # or a driver's, duck-typed

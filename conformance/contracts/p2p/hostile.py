@@ -1,0 +1,345 @@
+"""Hostile peers: raw pyzmq sockets that talk to a transport's ROUTER (POLL-3, SEC-1).
+
+A hostile peer is anything a transport's bound socket may meet on the wire:
+an anonymous DEALER (libzmq hands it a 5-byte routing id starting with
+``0x00``, usually not UTF-8), a DEALER claiming any identity it likes,
+frames in any number and of any content, floods of messages or of
+connections, and plain TCP clients that never speak ZMTP.
+
+The suite does not assume how an honest node frames a message: a
+:class:`WireFormat` is *learned* by letting the transport under test send one
+probe message to a raw ROUTER (:func:`learn_wire_format`), so a hostile peer
+can also speak the honest format, e.g. to deliver an oversized but otherwise
+valid message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from conformance.contracts.p2p.harness import Cluster
+from conformance.supervision import watchdog
+from conformance.testing.net import HOST
+
+__all__ = [
+    "Flooder",
+    "HostilePeer",
+    "RawRouter",
+    "StalledListener",
+    "WireFormat",
+    "learn_wire_format",
+    "send_raw_tcp",
+]
+
+_monitor_serial = itertools.count()
+
+#: Marker the probe message carries, to find the payload among the frames.
+_PROBE_KEY = "zmq-conformance-probe"
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """How the transport under test frames one message on a DEALER.
+
+    ``frames`` is the probe's multipart message as sent (without the routing
+    identity a ROUTER prepends); ``payload_index`` is where the encoded
+    message sits. ``identity`` is the routing id the probing node presented.
+    """
+
+    frames: tuple[bytes, ...]
+    payload_index: int
+    identity: bytes
+
+    def frames_for(self, payload: bytes) -> list[bytes]:
+        """The honest frames with ``payload`` in place of the probe."""
+        out = list(self.frames)
+        out[self.payload_index] = payload
+        return out
+
+
+_formats: dict[str, WireFormat] = {}
+
+
+def learn_wire_format(cluster: Cluster, *, timeout: float = 5.0) -> WireFormat:
+    """Let a fresh node of ``cluster`` send one probe to a raw ROUTER and record the frames.
+
+    Cached per transport spec name. Raises ``AssertionError`` when no frame
+    holds the MessagePack encoding of the probe (MSG-1: messages are
+    MessagePack on the wire).
+    """
+    cached = _formats.get(cluster.spec.name)
+    if cached is not None:
+        return cached
+    with RawRouter() as router:
+        node = cluster.add_node("wire-probe")
+        probe = {_PROBE_KEY: 1}
+        conn = node.connect(router.address)
+        conn.send(probe)
+        deadline = time.monotonic() + timeout
+        frames: list[bytes] | None = None
+        while frames is None:
+            node.poll()
+            frames = router.recv(0.001)
+            if frames is None and time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no probe message reached a raw ROUTER within {timeout:.0f} s "
+                    "(CONN-1: messages sent right after connect() are delivered)"
+                )
+        node.close()
+    identity, body = frames[0], frames[1:]
+    for index, frame in enumerate(body):
+        try:
+            decoded = msgspec.msgpack.decode(frame)
+        except msgspec.DecodeError:
+            continue
+        if decoded == probe:
+            found = WireFormat(tuple(body), index, identity)
+            _formats[cluster.spec.name] = found
+            return found
+    raise AssertionError(
+        f"the probe message {probe!r} is not MessagePack-encoded in any frame of {body!r}"
+    )
+
+
+class HostilePeer:
+    """A DEALER connected to ``target`` (``"host:port"``), sending whatever it is told.
+
+    ``identity=None`` leaves the routing id to libzmq (anonymous peer).
+    Sends never block: ``send`` returns False when the peer's queue is full.
+    With ``monitor=True``, :meth:`was_disconnected` tells whether the target
+    has dropped the TCP connection (e.g. after an oversize frame). Use as a
+    context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        identity: bytes | None = None,
+        sndhwm: int = 1000,
+        monitor: bool = False,
+        ctx: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.target = target
+        self.identity = identity
+        self._ctx = ctx or zmq.Context.instance()
+        self.socket: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.sndhwm = sndhwm
+        if identity is not None:
+            self.socket.setsockopt(zmq.ROUTING_ID, identity)
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._disconnected = False
+        if monitor:
+            # A never-reused endpoint: libzmq frees inproc names asynchronously.
+            endpoint = f"inproc://zmq-conformance-hostile-{next(_monitor_serial)}"
+            self.socket.monitor(endpoint, zmq.EVENT_DISCONNECTED)
+            self._monitor = self._ctx.socket(zmq.PAIR)
+            self._monitor.linger = 0
+            self._monitor.connect(endpoint)
+        self.socket.connect(f"tcp://{target}")
+
+    def was_disconnected(self) -> bool:
+        """True once the target has dropped this peer's connection (needs ``monitor=True``)."""
+        if self._monitor is None:
+            raise RuntimeError("HostilePeer(monitor=True) is needed to watch disconnects")
+        while not self._disconnected:
+            try:
+                frames = self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+                self._disconnected = True
+        return self._disconnected
+
+    def send(self, frames: Sequence[bytes]) -> bool:
+        """Send one multipart message; False if it would block.
+
+        An empty list sends one empty frame (ZeroMQ cannot send zero frames).
+        """
+        parts = list(frames) or [b""]
+        try:
+            with watchdog.guard(f"hostile send to {self.target}", 2.0):
+                self.socket.send_multipart(parts, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def flood(self, frames: Sequence[bytes], count: int) -> int:
+        """Send ``frames`` up to ``count`` times without blocking; returns how many went out."""
+        sent = 0
+        for _ in range(count):
+            if not self.send(frames):
+                break
+            sent += 1
+        return sent
+
+    def close(self, *, linger_ms: int = 0) -> None:
+        """Close the peer; ``linger_ms`` > 0 lets libzmq flush what is queued first
+        (in the background, for at most that long) before the TCP connection closes."""
+        # Stop the monitor, close the socket, then the monitor's reader:
+        # closing the reader first can hang libzmq's teardown.
+        if self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disable_monitor()
+        self.socket.close(linger=linger_ms)
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+
+    def __enter__(self) -> HostilePeer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Flooder:
+    """A background thread whose own DEALER floods ``target`` until stopped.
+
+    The socket is created, used and closed in the thread (pyzmq sockets are
+    not thread-safe). ``sent`` counts messages that went out; ``sndhwm=0``
+    queues without limit, so the flood outpaces any reader. Use as a
+    context manager: the flood starts on entry and stops on exit.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        frames: Sequence[bytes],
+        *,
+        identity: bytes | None = None,
+        max_messages: int = 1_000_000,
+        sndhwm: int = 1000,
+    ) -> None:
+        self.target = target
+        self.frames = list(frames)
+        self.identity = identity
+        self.max_messages = max_messages
+        self.sndhwm = sndhwm
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zmq-conformance-flooder",
+                                        daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with HostilePeer(self.target, identity=self.identity, sndhwm=self.sndhwm) as peer:
+                while not self._stop.is_set():
+                    if self.sent >= self.max_messages:
+                        # Keep the socket (and what it still queues) until stopped.
+                        self._stop.wait(0.01)
+                    elif peer.send(self.frames):
+                        self.sent += 1
+                    else:
+                        time.sleep(0.0005)
+        except BaseException as exc:  # reported to the test thread
+            self.error = exc
+
+    def __enter__(self) -> Flooder:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        if self.error is not None and exc is None:
+            raise AssertionError(f"the flooding thread failed: {self.error!r}") from self.error
+
+
+class StalledListener:
+    """A TCP port that accepts connections into its backlog and never reads.
+
+    A transport connecting here sees a peer that never completes the ZMTP
+    handshake: a stalled peer (MSG-4). ``address`` is its ``"host:port"``.
+    """
+
+    def __init__(self, host: str = HOST) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
+        self._sock.listen(1)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> StalledListener:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def send_raw_tcp(target: str, data: bytes, *, timeout: float = 2.0) -> None:
+    """Open a plain TCP connection to ``target``, write ``data`` (not ZMTP), close it."""
+    host, _, port = target.rpartition(":")
+    # The peer may hang up on garbage: that is its right.
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock, \
+            contextlib.suppress(OSError):
+        sock.sendall(data)
+
+
+class RawRouter:
+    """A bare ROUTER standing in for a remote node that only listens.
+
+    Lets a test watch one connection of the transport in isolation (no
+    remote transport state, no connection back). ``address`` is its
+    ``"host:port"``; :meth:`recv` returns one multipart message (routing id
+    first) or ``None`` when nothing arrived within ``timeout``.
+    """
+
+    def __init__(self, host: str = HOST) -> None:
+        self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        # A peer reconnecting under the same identity takes over at once
+        # (without this, libzmq drops the newcomer while the old one lingers).
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        port: int = self.socket.bind_to_random_port(f"tcp://{host}")
+        self.address = f"{host}:{port}"
+
+    def recv(self, timeout: float = 0.0) -> list[bytes] | None:
+        if not self.socket.poll(int(timeout * 1000)):
+            return None
+        frames: list[bytes] = self.socket.recv_multipart()
+        return frames
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+    def __enter__(self) -> RawRouter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,208 @@
+"""A watchdog for calls into the implementation under test.
+
+Every call the suite makes into a transport (the factory, ``connect``,
+``poll``, ``send``, ``recv``, ``mark_dead``, ``close``) runs inside
+:func:`guard`. If the call has not returned after its limit, the guard raises
+:class:`~conformance.errors.CallBlocked` *inside* the call, so a transport
+that blocks (a DEALER ``send()`` past the high-water mark, a ``poll()`` that
+never drains, a hung ``close()``) turns into a ``blocked`` verdict instead of
+a hung test run.
+
+Mechanism: ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler that
+raises. Python runs signal handlers in the main thread between bytecodes and
+whenever a blocking system call returns ``EINTR``; pyzmq's blocking calls
+check for signals on ``EINTR`` before retrying, and ``time.sleep`` does too,
+so the exception surfaces even out of a blocking ``zmq_send``.
+
+Once a call has blocked, the test's verdict is ``blocked``; Hypothesis then
+shrinks, re-running examples that each block again. So after a block, and
+until :func:`new_test`, every guard's limit is cut to
+:data:`AFTER_BLOCK_LIMIT_S`: the verdict stands on the full-limit block,
+and shrinking costs a fraction of a second per example instead of the limit. Guards nest:
+the earliest deadline of all open guards is armed, and the call named in the
+exception is the one whose own limit ran out. A timer someone else had armed
+(``pytest-timeout``'s signal method, for instance) is restored, minus the time
+spent, when the outermost guard exits.
+
+Limits: signals only reach the main thread, so off the main thread (or on a
+platform without ``setitimer``) :func:`guard` does nothing. A call stuck in C
+code that retries ``EINTR`` without checking for signals cannot be
+interrupted this way; pyzmq and the standard library do check.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar
+
+from conformance.errors import CallBlocked
+
+__all__ = [
+    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
+    "set_block_hook", "set_default_limit", "set_progress_hook",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: A call into a transport that takes longer than this is "blocked". Generous:
+#: nothing in the contract legitimately takes more than a fraction of it.
+_DEFAULT_LIMIT_S = 5.0
+#: The limit of every call once one has blocked in the same test.
+AFTER_BLOCK_LIMIT_S = 0.2
+#: Shortest timer ever armed (setitimer treats 0 as "disarm").
+_MIN_TIMER_S = 1e-4
+
+_default_limit_s = _DEFAULT_LIMIT_S
+
+
+@dataclass
+class _Guard:
+    call: str
+    limit: float
+    deadline: float
+    fired: bool = False
+
+
+_stack: list[_Guard] = []
+_saved_handler: Any = None
+_saved_timer: tuple[float, float] = (0.0, 0.0)
+_saved_at = 0.0
+_progress: Callable[[], None] | None = None
+_blocked_in_test = False
+_on_block: Callable[[], None] | None = None
+
+
+def default_limit() -> float:
+    """The limit, in seconds, that :func:`guard` uses when none is given."""
+    return _default_limit_s
+
+
+def set_default_limit(seconds: float) -> None:
+    """Change the default limit (e.g. from a command-line option)."""
+    global _default_limit_s
+    if not seconds > 0:
+        raise ValueError(f"watchdog limit must be positive, got {seconds!r}")
+    _default_limit_s = float(seconds)
+
+
+def set_progress_hook(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` whenever a guarded call starts (``None``: stop).
+
+    Each call into the transport is evidence that the test is not hung; the
+    stall deadline of :mod:`conformance.supervision.postmortem` is pushed back by it.
+    """
+    global _progress
+    _progress = hook
+
+
+def set_block_hook(hook: Callable[[], None] | None) -> None:
+    """Call ``hook`` when a call blocks for the first time in a test (``None``: stop)."""
+    global _on_block
+    _on_block = hook
+
+
+def new_test() -> None:
+    """A test starts: limits are whole again (see the module docstring)."""
+    global _blocked_in_test
+    _blocked_in_test = False
+
+
+def note_block() -> None:
+    """A call ended in a way that decides the test's verdict without a guard firing (a
+    driver process that crashed): cut later limits and run the block hook, as a fired
+    guard does, so shrinking an example that fails the same way every time stays cheap."""
+    global _blocked_in_test
+    if not _blocked_in_test and _on_block is not None:
+        _on_block()
+    _blocked_in_test = True
+
+
+def active() -> bool:
+    """True when guards in this thread can interrupt a call (main thread, Unix)."""
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def guard(call: str, limit: float | None = None) -> Iterator[None]:
+    """Run the body with a watchdog; raise ``CallBlocked(call, limit)`` if it overruns.
+
+    ``call`` names the call in the verdict, e.g. ``"send() on 127.0.0.1:4000"``.
+    ``limit`` defaults to :func:`default_limit`. Outside the main thread the
+    body runs unguarded.
+    """
+    seconds = _default_limit_s if limit is None else float(limit)
+    if not seconds > 0:
+        raise ValueError(f"watchdog limit must be positive, got {limit!r}")
+    if _blocked_in_test:
+        seconds = min(seconds, AFTER_BLOCK_LIMIT_S)
+    if _progress is not None:
+        _progress()
+    if not active():
+        yield
+        return
+    entry = _Guard(call, seconds, time.monotonic() + seconds)
+    if not _stack:
+        _install()
+    _stack.append(entry)
+    _arm()
+    try:
+        yield
+    finally:
+        _stack.remove(entry)
+        if _stack:
+            _arm()
+        else:
+            _uninstall()
+
+
+def call(what: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` under :func:`guard` with the default limit."""
+    with guard(what):
+        return fn(*args, **kwargs)
+
+
+def _install() -> None:
+    global _saved_handler, _saved_timer, _saved_at
+    _saved_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    _saved_timer = signal.setitimer(signal.ITIMER_REAL, 0)
+    _saved_at = time.monotonic()
+
+
+def _uninstall() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, _saved_handler if _saved_handler is not None else signal.SIG_DFL)
+    delay, interval = _saved_timer
+    if delay > 0:
+        remaining = delay - (time.monotonic() - _saved_at)
+        signal.setitimer(signal.ITIMER_REAL, max(remaining, _MIN_TIMER_S), interval)
+
+
+def _arm() -> None:
+    pending = [g.deadline for g in _stack if not g.fired]
+    if not pending:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return
+    signal.setitimer(signal.ITIMER_REAL, max(min(pending) - time.monotonic(), _MIN_TIMER_S))
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    now = time.monotonic()
+    expired = [g for g in _stack if not g.fired and g.deadline <= now]
+    if not expired:
+        # Early or stale alarm: re-arm for whatever is still pending.
+        _arm()
+        return
+    victim = min(expired, key=lambda g: g.deadline)
+    victim.fired = True
+    global _blocked_in_test
+    if not _blocked_in_test and _on_block is not None:
+        _on_block()
+    _blocked_in_test = True
+    raise CallBlocked(victim.call, victim.limit)
