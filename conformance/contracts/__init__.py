@@ -63,6 +63,12 @@ class Contract:
         factory_shape: the call the suite makes, for error messages.
         probe: arguments (positional, keyword) the factory must accept; a
             factory whose signature cannot bind them does not fit.
+        objects: the implementation may be a plain object (not callable),
+            e.g. one with ``server``/``client`` attributes.
+        preflight: ``MODULE:ATTR`` of ``preflight(spec)``, run once per session
+            before any test (in the xdist controller); it raises
+            :class:`ConfigError` when no clause can be judged (a wire profile
+            mismatch), which ends the run as a usage error with its message.
     """
 
     name: str
@@ -77,6 +83,8 @@ class Contract:
     capabilities: str
     factory_shape: str
     probe: tuple[tuple[Any, ...], Mapping[str, Any]] = field(default=((), {}))
+    objects: bool = False
+    preflight: str = ""
 
     def spec_builder(self) -> Callable[..., Any]:
         builder: Callable[..., Any] = resolve(self.make_spec)
@@ -156,6 +164,8 @@ _CONTROL_CONTRACT = Contract(
     "client(endpoint, *, heartbeat_ivl_ms, heartbeat_timeout_ms, request_timeout_ms, "
     "register), or a callable of no arguments returning one",
     probe=((), {}),
+    objects=True,
+    preflight="conformance.contracts.control.preflight:check_profile",
 )
 
 #: Every contract by name, in the order ``list`` shows them.

@@ -83,8 +83,8 @@ class ArrivalMatchedClient(ControlClient):
     """Hands the waiting request whatever reply arrives first (a PONG, a late reply)."""
 
     def _on_reply(self, rid: int, reply: Message) -> None:
-        if self._awaiting is not None and self._answer is None:
-            self._answer = reply
+        if self._awaiting is not None and not self._answered:
+            self._answer, self._answered = reply, True
             self._alive = True
             if self._ping is not None and rid == self._ping[0]:
                 self._ping = None
