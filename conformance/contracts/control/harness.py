@@ -234,6 +234,8 @@ class ServerRunner:
         self._reported_block = False
         self._ready = threading.Event()
         self._stop = threading.Event()
+        self._pause = threading.Event()
+        self._paused = threading.Event()
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ctl-server-{endpoint}")
@@ -266,6 +268,10 @@ class ServerRunner:
             if serve is None:
                 self._stop.wait()
             while serve is not None and not self._stop.is_set():
+                if self._pause.is_set():
+                    self._paused.set()
+                    self._stop.wait(SERVE_ROUND_MS / 1000)
+                    continue
                 self._in_call = ("serve()", time.monotonic())
                 serve(SERVE_ROUND_MS)
                 self._in_call = None
@@ -279,6 +285,20 @@ class ServerRunner:
         except BaseException as exc:
             self.close_error = exc
         self._in_call = None
+
+    def pause(self) -> bool:
+        """Stop calling ``serve()`` (requests stay queued in the server, unanswered) until
+        :meth:`stop`; True once the loop is paused, False for a server that runs its own
+        I/O thread (it cannot be paused from outside)."""
+        if self.self_driven:
+            return False
+        self._pause.set()
+        deadline = time.monotonic() + self.limit
+        while not self._paused.wait(SERVE_ROUND_MS / 1000):
+            self.check()
+            if time.monotonic() >= deadline:
+                raise CallBlocked(f"server.serve() on {self.endpoint} (while pausing)", self.limit)
+        return True
 
     @property
     def serving(self) -> bool:

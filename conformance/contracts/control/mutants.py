@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import msgspec
 import zmq
@@ -170,6 +170,49 @@ class StuckReqClient:
         self._ctx.term()
 
 
+class ReqWaitsOutLostReplyClient(StuckReqClient):
+    """Keeps its REQ socket after a timeout and, before the next request, waits (one request
+    timeout) for the abandoned reply. A slow handler's late reply does come, so a timeout on
+    a slow handler and a stopped server (the request queued, delivered on reconnection) both
+    recover; a request the server took and never answered leaves the socket stuck forever."""
+
+    _abandoned = False
+
+    def request(self, type: str, body: Mapping[str, Any]) -> Message:
+        if self._abandoned:
+            if not self._sock.poll(int(self._timeout * 1000)):
+                raise RequestTimeout("still waiting for the reply to an abandoned request")
+            self._sock.recv()
+            self._abandoned = False
+        try:
+            return super().request(type, body)
+        except RequestTimeout:
+            self._abandoned = True
+            raise
+
+    def tick(self) -> None:
+        if not self._abandoned:
+            super().tick()
+
+
+class SerialisingConcurrentServer(ControlServer):
+    """Declares head of line ``concurrent`` but runs handlers inline like the serial reference."""
+
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {
+        "request_types": {"PING": {}}, "head_of_line": "concurrent",
+    }
+
+
+class UndelimitedErrorServer(ControlServer):
+    """Error replies drop the empty delimiter after a non-empty envelope: ``[id, error]``.
+    A DEALER reading the last frame sees an error; a REQ_CORRELATE worker gets nothing."""
+
+    def _send(self, head: list[bytes], reply: Message) -> None:
+        if "error" in reply and len(head) > 2 and head[-1] == b"":
+            head = head[:-1]
+        super()._send(head, reply)
+
+
 # -- implementations and the catalog ---------------------------------------------
 
 NO_PING = ControlImplementation(server=NoPingServer, client=ControlClient)
@@ -181,6 +224,11 @@ STUCK_REQ = ControlImplementation(server=ControlServer, client=StuckReqClient)
 ARRIVAL_MATCHED = ControlImplementation(server=ControlServer, client=ArrivalMatchedClient)
 REGISTERS_ONCE = ControlImplementation(server=ControlServer, client=RegistersOnceClient)
 NEVER_DEAD = ControlImplementation(server=ControlServer, client=NeverDeadClient)
+REQ_WAITS_OUT_LOST_REPLY = ControlImplementation(server=ControlServer,
+                                                 client=ReqWaitsOutLostReplyClient)
+SERIALISING_CONCURRENT = ControlImplementation(server=SerialisingConcurrentServer,
+                                               client=ControlClient)
+UNDELIMITED_ERROR = ControlImplementation(server=UndelimitedErrorServer, client=ControlClient)
 
 
 def _m(name: str, attr: str, description: str, models: str, *clauses: str) -> Mutant:
@@ -207,6 +255,17 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("ctl_no_reregistration", "REGISTERS_ONCE",
        "the client registers on its first connection only, never after a server restart",
        "ctl-no-reregistration", "CTL-6"),
+    _m("ctl_req_waits_out_lost_reply", "REQ_WAITS_OUT_LOST_REPLY",
+       "the client keeps its REQ socket after a timeout and waits for the abandoned reply, "
+       "which never comes when the server stopped holding the request",
+       "ctl-req-waits-out-lost-reply",
+       "CTL-4"),
+    _m("ctl_error_reply_drops_delimiter", "UNDELIMITED_ERROR",
+       "error replies drop the empty delimiter after the envelope ([id, error]): a "
+       "REQ_CORRELATE worker never gets them", "ctl-error-reply-drops-delimiter", "CTL-2"),
+    _m("ctl_concurrent_declared_serial_served", "SERIALISING_CONCURRENT",
+       "the server declares head of line concurrent but runs a slow handler inline, "
+       "delaying every other client", "ctl-concurrent-declared-serial", "CTL-7"),
     _m("ctl_blocking_reply_send", "BLOCKING_REPLY",
        "ROUTER_MANDATORY with a blocking send: a client that stops reading stalls the server",
        "ctl-blocking-reply", "CTL-7"),
