@@ -83,6 +83,7 @@ from conformance.verdicts import (
     counterexample,
     find_blocked,
     phase_outcome,
+    strip_hypothesis_notes,
 )
 
 __all__ = ["ZmqConformanceWarning", "zmq_transport_factory", "zmq_transport_spec"]
@@ -732,9 +733,11 @@ class _Recorder:
 
 
 def _skip_reason(report: pytest.TestReport) -> str | None:
+    """The reason a test gave for skipping, without the notes Hypothesis appends to it
+    ("Failing explicit example: ..." when an ``@example`` skipped)."""
     longrepr: Any = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
+        return strip_hypothesis_notes(str(longrepr[2]).removeprefix("Skipped: "))
     return None
 
 

@@ -30,6 +30,7 @@ Suite values: heartbeat interval 100 ms, timeout 500 ms, request timeout
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import threading
 import time
@@ -447,6 +448,13 @@ class WireClient:
                       "queue is full)")
 
     def recv(self, timeout_s: float) -> list[bytes] | None:
+        """The next message, or None after ``timeout_s``. Once a wait of the running test
+        went unanswered, later waits of that test (Hypothesis shrinking it, re-runs) are
+        cut to :data:`AFTER_SILENCE_S`: the verdict stands on the full wait, and a silent
+        server costs seconds, not minutes, per failing test."""
+        full = timeout_s
+        if _silence.seen():
+            timeout_s = min(timeout_s, AFTER_SILENCE_S)
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -456,6 +464,8 @@ class WireClient:
             if self.watch is not None:
                 self.watch()
             if time.monotonic() >= deadline:
+                if full >= 1.0:
+                    _silence.note()
                 return None
 
     def call(self, kind: str, body: Mapping[str, Any], timeout_s: float) -> Reply | None:
@@ -515,6 +525,30 @@ class WireClient:
 
 
 _WATCH_EVERY_MS = 20
+#: A raw peer's wait once the running test has met silence (see :meth:`WireClient.recv`).
+AFTER_SILENCE_S = 0.2
+
+
+class _Silence:
+    """Which test (``PYTEST_CURRENT_TEST``'s node ID) has seen a reply never come."""
+
+    def __init__(self) -> None:
+        self._test: str | None = None
+
+    @staticmethod
+    def _current() -> str | None:
+        current = os.environ.get("PYTEST_CURRENT_TEST")
+        return current.rsplit(" ", 1)[0] if current else None
+
+    def note(self) -> None:
+        self._test = self._current()
+
+    def seen(self) -> bool:
+        current = self._current()
+        return current is not None and current == self._test
+
+
+_silence = _Silence()
 
 
 def _first_line(exc: BaseException) -> str:

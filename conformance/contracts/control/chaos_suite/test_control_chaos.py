@@ -183,6 +183,7 @@ def test_control_chaos_machine(
     control_spec: ControlSpec, toxiproxy: Toxiproxy, record_property: Recorder
 ) -> None:
     """The machine with silent partitions and heals among its steps."""
+    control_spec.require("client", "CTL-4")
     built: list[ChaosControlMachine] = []
 
     def build() -> ChaosControlMachine:
@@ -191,6 +192,6 @@ def test_control_chaos_machine(
         return built[-1]
 
     try:
-        run(build, machine_settings())
+        run(build, machine_settings(), "both" if control_spec.server is not None else "client")
     finally:
         record_property("examples", len(built))
