@@ -16,11 +16,11 @@ server's I/O thread 'mq-server-thread' died: ValidationError: ..."), under
 the clause of the test whose input killed it (:attr:`Rig.clause`).
 
 The suite's own waits (a raw peer waiting for a reply, :meth:`Rig.wait_until`)
-report progress to the stall deadline (:func:`conformance.watchdog.progress`):
+report progress to the stall deadline (:func:`conformance.supervision.watchdog.progress`):
 waiting for a silent server is a "no reply" failure, never ``blocked``.
 
 Every call into a client runs on the main thread under
-:func:`conformance.watchdog.guard`: ``request()`` gets its own timeout plus
+:func:`conformance.supervision.watchdog.guard`: ``request()`` gets its own timeout plus
 the watchdog limit, the others the limit.
 
 Suite values: heartbeat interval 100 ms, timeout 500 ms, request timeout
@@ -43,11 +43,11 @@ import msgspec
 import pytest
 import zmq
 
-from conformance import watchdog
 from conformance.contracts.control.spec import ControlSpec
 from conformance.contracts.control.wire import PROFILES, Reply, WireProfile
 from conformance.errors import CallBlocked
-from conformance.harness import HOST, free_port, is_address_in_use
+from conformance.supervision import watchdog
+from conformance.testing.net import HOST, free_port, is_address_in_use
 
 __all__ = [
     "HEARTBEAT_IVL_MS",
@@ -337,7 +337,7 @@ class ServerRunner:
 
         Once :meth:`check` has reported a blocked call, the test's verdict stands on
         that full-limit block, so the wait is cut to
-        :data:`conformance.watchdog.AFTER_BLOCK_LIMIT_S` (as the watchdog cuts every
+        :data:`conformance.supervision.watchdog.AFTER_BLOCK_LIMIT_S` (as the watchdog cuts every
         later guard of the test): the stuck call is not waited out a second time.
         """
         self._stop.set()
@@ -421,7 +421,7 @@ class WireClient:
     requests and reads its replies, with ``codes`` for lmcache-mq. Replies
     are read with a deadline; silence returns None. While waiting, ``watch``
     (the rig's check: a dead server loop) runs every few milliseconds and the
-    wait counts as progress (:func:`conformance.watchdog.progress`).
+    wait counts as progress (:func:`conformance.supervision.watchdog.progress`).
     """
 
     def __init__(self, endpoint: str, kind: int = zmq.DEALER, *,

@@ -27,7 +27,7 @@ import msgspec
 from hypothesis import strategies as st
 
 from conformance.errors import ConfigError
-from conformance.strategies import msgpack_values
+from conformance.testing.values import msgpack_values
 
 __all__ = ["PROFILES", "RESULT_TYPES", "Reply", "WireProfile", "profile"]
 

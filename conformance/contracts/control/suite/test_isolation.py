@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
+from conformance.config.profiles import scaled
 from conformance.contracts.control.harness import (
     ECHO,
     SLACK_MS,
@@ -32,7 +33,6 @@ from conformance.contracts.control.harness import (
     suite_body,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.harness import scaled
 
 Recorder = Callable[[str, object], None]
 
