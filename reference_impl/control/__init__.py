@@ -51,6 +51,7 @@ class MqControlServer(ControlServer):
         "head_of_line": "serial",
         "wire": LMCACHE_MQ,
         "request_codes": dict(REFERENCE_CODES),
+        "results": {PING: "bool"},
     }
 
     def __init__(self, endpoint: str, handlers: Any = None, **options: Any) -> None:
