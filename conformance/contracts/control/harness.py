@@ -121,13 +121,14 @@ class _ThreadDeaths:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_thread: dict[int, BaseException] = {}
-        self._installed = False
+        self._hook: Callable[[threading.ExceptHookArgs], object] | None = None
 
     def install(self) -> None:
+        """Chain into the current hook, unless ours still is it (pytest swaps the hook per
+        test, so every server start checks)."""
         with self._lock:
-            if self._installed:
+            if self._hook is not None and threading.excepthook is self._hook:
                 return
-            self._installed = True
             previous = threading.excepthook
 
             def hook(args: threading.ExceptHookArgs) -> None:
@@ -136,6 +137,7 @@ class _ThreadDeaths:
                         self._by_thread[id(args.thread)] = args.exc_value
                 previous(args)
 
+            self._hook = hook
             threading.excepthook = hook
 
     def of(self, thread: threading.Thread) -> BaseException | None:

@@ -8,11 +8,11 @@ looks at what comes back:
 
 - something decodes under the declared profile: go on (the clauses judge
   the rest, including missing handlers);
-- replies arrived and none decodes: a mismatch;
-- nothing came back: a fresh server instance is asked under each other
-  profile (a fresh one, because a server may die of frames it cannot parse);
-  one that answers under another profile is a mismatch naming that profile;
-  silence under every profile is left to the clauses ("no reply").
+- otherwise a fresh server instance is asked under each other profile (a
+  fresh one, because a server may die of frames it cannot parse); one that
+  answers under another profile is a mismatch naming that profile;
+- replies that decode under no profile are a mismatch too; silence under
+  every profile is left to the clauses ("no reply").
 
 A mismatch ends the run as a usage error: :class:`ConfigError` with "nothing
 this server answered decodes under profile X: declare the profile it speaks".
@@ -48,16 +48,15 @@ def check_profile(spec: ControlSpec) -> None:
         return  # the server could not be started: the clauses report that
     if any(declared.read(frames) is not None for frames in answered):
         return
-    if answered:
-        speaks = [p.name for p in PROFILES.values()
-                  if p is not declared and all(p.read(f) is not None for f in answered)]
-        raise ConfigError(_mismatch(spec, declared, speaks, answered[0]))
     for other in PROFILES.values():
         if other is declared:
             continue
         replies = _probe(spec, other) or []
         if any(other.read(frames) is not None for frames in replies):
-            raise ConfigError(_mismatch(spec, declared, [other.name], replies[0]))
+            raise ConfigError(_mismatch(spec, declared, [other.name],
+                                        answered[0] if answered else replies[0]))
+    if answered:
+        raise ConfigError(_mismatch(spec, declared, [], answered[0]))
 
 
 def _mismatch(spec: ControlSpec, declared: WireProfile, speaks: list[str],
