@@ -54,6 +54,9 @@ def server_spec(request: pytest.FixtureRequest, control_spec: ControlSpec) -> Co
 
 @pytest.fixture
 def client_spec(request: pytest.FixtureRequest, control_spec: ControlSpec) -> ControlSpec:
-    """``control_spec`` of an implementation with a client (else the test is skipped)."""
-    control_spec.require("client", _first_clause(request))
+    """``control_spec`` of an implementation with a client (else the test is skipped); a
+    client that cannot send the suite's own request types is skipped too."""
+    clause = _first_clause(request)
+    control_spec.require("client", clause)
+    control_spec.require_suite_types(clause)
     return control_spec

@@ -140,6 +140,13 @@ class ControlSpec:
             pytest.skip(f"{clause} needs {why}, and {self.name} serves no handlers added by "
                         "the suite (capability added_handlers=false)")
 
+    def require_suite_types(self, clause: str) -> None:
+        """Skip ``clause`` when the client under test cannot send the suite's own types."""
+        if self.client is not None and not self.capabilities.added_handlers:
+            pytest.skip(f"{clause} needs a client that sends the suite's own request types "
+                        f"(ZMQC_ECHO with a nonce), and {self.name} declares "
+                        "added_handlers=false")
+
     def server_or_reference(self) -> Callable[..., Any]:
         """The server under test, or the reference speaking the declared profile."""
         from reference_impl.control import ControlServer

@@ -23,6 +23,7 @@ def _run(spec: ControlSpec, side: Side, record_property: Recorder) -> None:
         spec.require_added_handlers("CTL-3" if side != "client" else "CTL-4",
                                     "the suite's echo, slow and failing handlers for the "
                                     "machine")
+    spec.require_suite_types("CTL-4")
     built: list[ControlMachine] = []
 
     def build() -> ControlMachine:
