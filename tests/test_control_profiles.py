@@ -98,7 +98,7 @@ def test_reference_client_and_server_on_lmcache_mq_typed_results() -> None:
                                                                           "data": [1]}
         with pytest.raises(Exception, match="without a result"):
             client.request("ZMQC_FAIL", {"nonce": 1})
-        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         raw.connect(endpoint)
         raw.send_multipart([msgspec.msgpack.encode(5), msgspec.msgpack.encode(999)])
         assert raw.poll(2000), "no error reply to an unknown code"
@@ -169,9 +169,9 @@ def test_a_dead_own_thread_is_reported_with_its_exception_under_the_rig_clause()
             peer.recv(3.0)  # the rig's watch notices the death while waiting
         assert str(died.value).startswith(
             "CTL-2: the server's I/O thread 'own-io-thread' died: ValueError: Invalid enum")
-        runner, r.runner = r.runner, None  # its death is the verdict: stop it unchecked
-        assert runner is not None
-        runner.stop()
+        dead, r.runner = r.runner, None  # its death is the verdict: stop it unchecked
+        assert dead is not None
+        dead.stop()
 
 
 # -- verdict text, pure -------------------------------------------------------------------
@@ -273,3 +273,32 @@ def test_plain_object_is_accepted_and_a_mismatch_ends_the_run(tmp_path: Path) ->
     assert code == 2, out[-2000:]
     assert "nothing subjects:PLAIN answered decodes under wire profile lmcache-mq" in out
     assert not data
+
+
+def test_flaky_wrappers_become_the_first_real_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition
+
+    from conformance.contracts.control import machine
+
+    class _Stub:
+        def __init__(self) -> None:
+            self.first_failure: list[BaseException] = []
+
+    def strategy_changed(build: Any, settings: Any) -> None:
+        build().first_failure.append(AssertionError("CTL-5: a reply to another request"))
+        raise FlakyStrategyDefinition("Inconsistent data generation!")
+
+    monkeypatch.setattr(machine, "run_state_machine_as_test", strategy_changed)
+    with pytest.raises(AssertionError) as err:
+        machine.run(_Stub, None)  # type: ignore[arg-type]
+    assert str(err.value).startswith("CTL-5: a reply to another request [Hypothesis could not")
+
+    def failure_not_replayed(build: Any, settings: Any) -> None:
+        raise FlakyFailure("Hypothesis test_x produces unreliable results",
+                           [AssertionError("CTL-4: failed after 900 ms")])
+
+    monkeypatch.setattr(machine, "run_state_machine_as_test", failure_not_replayed)
+    with pytest.raises(AssertionError) as err:
+        machine.run(_Stub, None, "both")  # type: ignore[arg-type]
+    assert str(err.value).startswith("CTL-4: failed after 900 ms")
+    assert "unreliable" not in str(err.value)

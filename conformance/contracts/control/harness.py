@@ -39,7 +39,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Self, TypeVar
 
-import msgspec
 import pytest
 import zmq
 
@@ -84,8 +83,6 @@ SUITE_PARAMS: dict[str, tuple[str, ...]] = {
     ECHO: ("nonce", "data"), SLOW: ("nonce", "ms"), FAIL: ("nonce",), BAD: ("nonce",),
     REGISTER: ("worker",),
 }
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder()
 _nonces = itertools.count(1)
 
 
@@ -499,28 +496,6 @@ class WireClient:
                 f"{self.profile.name} ({self.profile.summary})")
         return reply
 
-    def ask(self, request: dict[str, Any] | bytes, timeout_s: float) -> Any:
-        """Send one well-framed request; the decoded reply, or None after ``timeout_s``.
-
-        A DEALER sends ``[id, b"", payload]`` and skips replies with another
-        id; a REQ sends ``[payload]``.
-        """
-        payload = request if isinstance(request, bytes) else _ENCODER.encode(request)
-        if self.kind == zmq.REQ:
-            self.sock.send(payload)
-            frames = self.recv(timeout_s)
-            return None if frames is None else decode(frames[-1])
-        rid = nonce().to_bytes(8, "big")
-        self.send([rid, b"", payload])
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            frames = self.recv(left)
-            if frames is None:
-                return None
-            if frames[0] == rid:
-                return decode(frames[-1])
-        return None
-
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
@@ -556,21 +531,6 @@ _silence = _Silence()
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
-
-
-def decode(payload: bytes) -> Any:
-    """MessagePack-decode a reply; undecodable bytes come back as ``bytes``."""
-    try:
-        return _DECODER.decode(payload)
-    except (msgspec.DecodeError, ValueError):
-        return payload
-
-
-def error_text(reply: Any) -> str | None:
-    """The error of an error reply (a map with a str ``error``), else None."""
-    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
-        return str(reply["error"])
-    return None
 
 
 class Rig:
