@@ -302,3 +302,15 @@ def test_flaky_wrappers_become_the_first_real_failure(monkeypatch: pytest.Monkey
         machine.run(_Stub, None, "both")  # type: ignore[arg-type]
     assert str(err.value).startswith("CTL-4: failed after 900 ms")
     assert "unreliable" not in str(err.value)
+
+
+def test_a_peer_that_cannot_send_is_a_run_error_not_a_verdict() -> None:
+    from conformance.contracts.control.harness import WireClient
+
+    # Nothing listens and ZMQ_IMMEDIATE queues nothing: the send cannot go out (EAGAIN).
+    peer = WireClient(f"tcp://127.0.0.1:{free_port()}", immediate=1)
+    try:
+        with pytest.raises(pytest.skip.Exception, match="Run error, not a verdict"):
+            peer.send([b"frame"])
+    finally:
+        peer.close()
