@@ -66,6 +66,12 @@ class Contract:
         factory_shape: the call the suite makes, for error messages.
         probe: arguments (positional, keyword) the factory must accept; a
             factory whose signature cannot bind them does not fit.
+        objects: the implementation may be a plain object (not callable),
+            e.g. one with ``server``/``client`` attributes.
+        preflight: ``MODULE:ATTR`` of ``preflight(spec)``, run once per session
+            before any test (in the xdist controller); it raises
+            :class:`ConfigError` when no clause can be judged (a wire profile
+            mismatch), which ends the run as a usage error with its message.
         nodes: ``MODULE:ATTR`` of ``nodes_spec(spec, mode, *, option)``, which
             applies a ``--nodes`` / ``--zmq-nodes`` choice (:data:`NODE_MODES`)
             to a spec; ``None``: the contract's nodes run in the test process only.
@@ -87,6 +93,8 @@ class Contract:
     capabilities: str
     factory_shape: str
     probe: tuple[tuple[Any, ...], Mapping[str, Any]] = field(default=((), {}))
+    objects: bool = False
+    preflight: str = ""
     nodes: str | None = None
     driver: str = ""
 
@@ -173,6 +181,8 @@ _CONTROL_CONTRACT = Contract(
     "register), or a callable of no arguments returning one",
     probe=((), {}),
     driver="conformance.contracts.control.driver:ControlDriver",
+    objects=True,
+    preflight="conformance.contracts.control.preflight:check_profile",
 )
 
 #: Every contract by name, in the order ``list`` shows them.

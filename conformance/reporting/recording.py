@@ -24,6 +24,7 @@ from conformance.reporting.verdicts import (
     counterexample,
     find_blocked,
     phase_outcome,
+    strip_hypothesis_notes,
 )
 from conformance.reporting.xfail import XFAIL_KEY
 from conformance.supervision import postmortem, reruns
@@ -173,7 +174,9 @@ class Recorder:
 
 
 def _skip_reason(report: pytest.TestReport) -> str | None:
+    """The reason a test gave for skipping, without the notes Hypothesis appends to it
+    ("Failing explicit example: ..." when an ``@example`` skipped)."""
     longrepr: Any = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
+        return strip_hypothesis_notes(str(longrepr[2]).removeprefix("Skipped: "))
     return None

@@ -45,6 +45,7 @@ from conformance.errors import CallBlocked
 
 __all__ = [
     "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
+    "progress",
     "set_block_hook", "set_default_limit", "set_progress_hook",
 ]
 
@@ -100,6 +101,19 @@ def set_progress_hook(hook: Callable[[], None] | None) -> None:
     """
     global _progress
     _progress = hook
+
+
+def progress() -> None:
+    """The suite itself is making progress (waiting for a reply that may never come, driving
+    a poll loop): push the stall deadline back, exactly as a guarded call does.
+
+    The stall deadline exists for calls into the implementation that never
+    return; the suite's own bounded waits are not hangs, and a test that
+    waits on a silent peer must end with its own verdict ("no reply"), not
+    ``blocked``.
+    """
+    if _progress is not None:
+        _progress()
 
 
 def set_block_hook(hook: Callable[[], None] | None) -> None:
