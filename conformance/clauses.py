@@ -64,6 +64,7 @@ def get(clause_id: str) -> Clause:
 # The families' tables import Clause from this module, so they load after it
 # is defined (conformance.contracts imports this module before any family).
 from conformance.contracts.control.clauses import CLAUSES as _CONTROL  # noqa: E402
+from conformance.contracts.engine_pipeline.clauses import CLAUSES as _PIPELINE  # noqa: E402
 from conformance.contracts.kv_events.publisher.clauses import (  # noqa: E402
     CLAUSES as _PUBLISHER,
 )
@@ -73,4 +74,4 @@ from conformance.contracts.kv_events.subscriber.clauses import (  # noqa: E402
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P  # noqa: E402
 
 #: Every clause of every contract, contract by contract (see conformance.contracts).
-CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL))
+CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL, _PIPELINE))

@@ -12,7 +12,9 @@ family package under ``conformance/contracts/``:
   (PUB + replay ROUTER), the publisher under test (EVT) or the consumer under
   test (EVS);
 - ``control`` (:mod:`conformance.contracts.control`): the worker/server control
-  channel, request/reply with PING heartbeats (CTL).
+  channel, request/reply with PING heartbeats (CTL);
+- ``engine-pipeline`` (:mod:`conformance.contracts.engine_pipeline`): API
+  servers and EngineCore processes (vllm-v1 profile), PIPE.
 
 Everything a run needs is named by string (``MODULE:ATTR`` or package name)
 and imported only when used, so importing this module stays cheap and never
@@ -29,6 +31,7 @@ from typing import Any, Final
 # Loads the Clause type before any family's clause table (see conformance.clauses).
 from conformance.clauses import Clause
 from conformance.contracts.control.clauses import CLAUSES as _CONTROL
+from conformance.contracts.engine_pipeline.clauses import CLAUSES as _PIPELINE
 from conformance.contracts.kv_events.publisher.clauses import CLAUSES as _PUBLISHER
 from conformance.contracts.kv_events.subscriber.clauses import CLAUSES as _SUBSCRIBER
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P
@@ -158,10 +161,28 @@ _CONTROL_CONTRACT = Contract(
     probe=((), {}),
 )
 
+_PIPELINE_CONTRACT = Contract(
+    name="engine-pipeline",
+    title="API server <-> EngineCore pipeline (vllm-v1: ROUTER/DEALER, PUSH/PULL, aux frames)",
+    clauses=_PIPELINE,
+    suite=("conformance.contracts.engine_pipeline.suite",),
+    chaos_suite=(),
+    default_factory="reference_impl.engine_pipeline:REFERENCE",
+    mutants="conformance.contracts.engine_pipeline.mutants:CATALOG",
+    fixture="pipeline_spec",
+    make_spec="conformance.contracts.engine_pipeline.spec:make_spec",
+    capabilities="conformance.contracts.engine_pipeline.spec:PipelineCapabilities",
+    factory_shape="an object with factories engine(addresses, *, engine_index, model) and/or "
+    "client(addresses, *, client_index, client_count, engine_indices), or a callable of no "
+    "arguments returning one",
+    probe=((), {}),
+)
+
 #: Every contract by name, in the order ``list`` shows them.
 CONTRACTS: Final[dict[str, Contract]] = {
     c.name: c
-    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT)
+    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT,
+              _PIPELINE_CONTRACT)
 }
 DEFAULT_CONTRACT: Final = "p2p"
 
