@@ -82,6 +82,9 @@ _Fatal = tuple[str, BaseException]
 class EngineCore:
     """One engine (see the module docstring). Build it, then call :meth:`serve` once."""
 
+    #: The output thread's sender (a hook for variants of the reference).
+    _sender_type: type[_OutputSender]
+
     def __init__(self, addresses: Sequence[str], *, engine_index: int, model: Any,
                  handshake_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
                  heartbeat_timeout_ms: int = 0) -> None:
@@ -306,7 +309,7 @@ class EngineCore:
             self._outputs.put((client_index, EngineOutputs(self.engine_index, outputs)))
 
     def _output_loop(self) -> None:
-        sender = _OutputSender(self._pushes)
+        sender = self._sender_type(self._pushes)
         try:
             while True:
                 try:
@@ -412,3 +415,6 @@ class _OutputSender:
         while self.backlogged and time.monotonic() < deadline:
             self.retry()
             time.sleep(0.005)
+
+
+EngineCore._sender_type = _OutputSender

@@ -15,6 +15,7 @@ carry :data:`SLACK_S` for a loaded 2-core machine (never a loosened bound).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -184,15 +185,11 @@ class EngineProcess:
     def end(self) -> None:
         """Make sure the process is gone (resumed first, so SIGKILL lands)."""
         if self.running:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
             self.popen.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
         if self.popen.stdout is not None:
             self.popen.stdout.close()
         self._stderr.close()
@@ -391,21 +388,18 @@ class Rig:
                     f"{clause}: {len(missing)} of {len(wanted)} request(s) unfinished after "
                     f"{timeout_s:.1f} s (first: {missing[0]}, {len(streams.tokens(missing[0]))} "
                     "tokens); " + "; ".join(p.describe() for p in self.processes))
-            batch = guarded("outputs()", lambda: client.outputs(int(min(left, 0.2) * 1000)),
+            wait_ms = int(min(left, 0.2) * 1000)
+            batch = guarded("outputs()", lambda: client.outputs(wait_ms),  # noqa: B023
                             5.0)
             streams.take(batch)
         return streams
 
     def close(self) -> None:
         for closer in reversed(self.closers):
-            try:
+            with contextlib.suppress(Exception):
                 closer()
-            except Exception:
-                pass
         for process in self.processes:
             process.end()
         for client in self.clients:
-            try:
+            with contextlib.suppress(Exception):
                 guarded("client close()", client.close, 10.0)
-            except Exception:
-                pass

@@ -62,10 +62,10 @@ def _pending_call(client: Any) -> tuple[threading.Thread, dict[str, Any]]:
 
 def _later_calls_raise_at_once(client: Any, clause: str) -> None:
     started = time.monotonic()
-    with pytest.raises(Exception) as info:  # noqa: PT011 - any error, at once
+    with pytest.raises(Exception) as info:
         guarded("add()", lambda: client.add(request_id("late"), [1], 1), 5.0)
     assert not isinstance(info.value, AssertionError)
-    with pytest.raises(Exception):  # noqa: PT011
+    with pytest.raises(Exception):  # noqa: B017 - any error will do
         guarded("call()", lambda: client.call("echo", 1, timeout_ms=5000), 8.0)
     took = time.monotonic() - started
     assert took < 1.0, f"{clause}: calls after the death took {took:.2f} s to raise"
@@ -128,7 +128,7 @@ def test_death_during_startup_ends_wait_ready(rig: Rig) -> None:
     time.sleep(0.05)
     process.kill()
     started = time.monotonic()
-    with pytest.raises(Exception) as info:  # noqa: PT011
+    with pytest.raises(Exception) as info:
         guarded("wait_ready()", client.wait_ready, rig.death_bound_s + 5)
     assert not isinstance(info.value, AssertionError)
     took = time.monotonic() - started
@@ -223,7 +223,7 @@ def test_ready_deadline_is_honoured(rig: Rig) -> None:
     ready_ms = 400
     client = rig.client(clause="PIPE-9", ready_timeout_ms=ready_ms)
     started = time.monotonic()
-    with pytest.raises(Exception) as info:  # noqa: PT011
+    with pytest.raises(Exception) as info:
         guarded("wait_ready()", client.wait_ready, ready_ms / 1000 + 5)
     assert not isinstance(info.value, AssertionError)
     took = time.monotonic() - started
@@ -283,7 +283,7 @@ def test_live_ipc_path_is_never_taken_over_and_stale_one_reused(rig: Rig) -> Non
     base.mkdir(exist_ok=True)
     addresses = {role: f"ipc://{base}/{role[:2]}" for role in ("handshake", "input", "output")}
     client, _ = rig.pipeline(clause="PIPE-10", addresses=addresses)
-    with pytest.raises(Exception) as info:  # noqa: PT011
+    with pytest.raises(Exception) as info:
         second = guarded("client factory", lambda: rig.client(addresses, clause="PIPE-10"), 10)
         rig.clients.append(second)
     assert not isinstance(info.value, AssertionError)
@@ -362,12 +362,12 @@ def test_utility_calls_matched_failed_and_timed_out(rig: Rig) -> None:
         t.join(8)
     assert results == {n: [n] for n in range(8)}, (
         f"PIPE-12: concurrent calls got mismatched results: {results}")
-    with pytest.raises(Exception) as info:  # noqa: PT011
+    with pytest.raises(Exception) as info:
         guarded("call()", lambda: client.call("fail", timeout_ms=3000), 5)
     assert "raised on purpose" in str(info.value), (
         f"PIPE-12: the engine's failure message was not propagated: {info.value!r}")
     started = time.monotonic()
-    with pytest.raises(Exception):  # noqa: PT011
+    with pytest.raises(Exception):  # noqa: B017 - any error will do
         guarded("call()", lambda: client.call("sleep", 600, timeout_ms=150), 5)
     took = time.monotonic() - started
     assert 0.1 <= took <= 0.15 + SLACK_S, f"PIPE-12: a 150 ms call timeout took {took:.2f} s"
@@ -388,5 +388,5 @@ def test_calls_rejected_during_shutdown(rig: Rig) -> None:
     thread.join(rig.shutdown_bound_s + SLACK_S)
     assert not thread.is_alive(), "PIPE-12: a pending call outlived close()"
     assert "error" in box, f"PIPE-12: a pending call returned {box.get('value')!r} on close()"
-    with pytest.raises(Exception):  # noqa: PT011
+    with pytest.raises(Exception):  # noqa: B017 - any error will do
         guarded("call()", lambda: client.call("echo", 1, timeout_ms=1000), 5)

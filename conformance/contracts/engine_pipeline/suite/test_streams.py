@@ -111,7 +111,7 @@ def test_oversize_request_is_refused_at_add(rig: Rig) -> None:
     client, _ = rig.pipeline(clause="PIPE-1")
     payload = np.zeros(limit + 1, dtype=np.uint8)
     rid = request_id("big")
-    with pytest.raises(Exception) as info:  # noqa: PT011 - any documented error
+    with pytest.raises(Exception) as info:
         guarded("add()", lambda: client.add(rid, [1], 1, payload=payload), 30.0)
     assert not isinstance(info.value, AssertionError)
     # Refused, the pipeline still works: the next request is answered.
@@ -181,7 +181,7 @@ def test_engine_sends_nothing_after_an_abort_finish(rig: Rig) -> None:
 
 @pytest.mark.clause("PIPE-2")
 def test_slow_reader_loses_nothing(rig: Rig) -> None:
-    client, process = rig.pipeline(clause="PIPE-2")
+    client, _process = rig.pipeline(clause="PIPE-2")
     rids = {request_id("slow"): 50 for _ in range(100)}
     for rid, n in rids.items():
         client.add(rid, [3], n)
@@ -194,10 +194,7 @@ def test_slow_reader_loses_nothing(rig: Rig) -> None:
 
 
 def _wait_idle(client: Any) -> bool:
-    for _ in range(300):
-        if client.call("running", timeout_ms=2000) == []:
-            return True
-    return False
+    return any(client.call("running", timeout_ms=2000) == [] for _ in range(300))
 
 
 @pytest.mark.clause("PIPE-3")
