@@ -145,7 +145,7 @@ class RawClient:
         sock.bind("tcp://127.0.0.1:*")
         return sock
 
-    def wait_ready(self, engines: int = 1, timeout_s: float = 10.0) -> None:
+    def wait_ready(self, engines: int = 1, timeout_s: float = 60.0) -> None:
         """Welcome engines until ``engines`` of them said READY and registered."""
         ready: set[int] = set()
         registered: set[int] = set()

@@ -51,11 +51,11 @@ def test_a_stalled_client_costs_the_others_nothing(rig: Rig) -> None:
     waiter = Thread(target=stalled.wait_ready, daemon=True)
     waiter.start()
     fast.wait_ready()
-    waiter.join(10)
+    waiter.join(60)
     for _ in range(4):
         stalled.add(request_id("flood"), 400)
-    time.sleep(0.3)  # the flood is under way (a stall needs a flood to stall on)
-    bound_s = 2.0
+    _flood_under_way(fast, steps=200, limit_s=10.0)
+    bound_s = 5.0  # a stalled engine never serves client 0; a working one takes ms
     rid = request_id("fast")
     started = time.monotonic()
     fast.add(rid, 5)
@@ -66,6 +66,25 @@ def test_a_stalled_client_costs_the_others_nothing(rig: Rig) -> None:
         "client 1 stopped reading (the engine blocked on the stalled client)")
     assert took <= bound_s, (f"PIPE-4: client 0 waited {took:.2f} s for 5 tokens while client 1 "
                              f"stalled; bound {bound_s} s")
+
+
+def _flood_under_way(raw: RawClient, *, steps: int, limit_s: float) -> None:
+    """Ask the engine for its step count (over client 0) until it made ``steps`` steps.
+
+    Utility results travel the output path too, so an engine blocked on the
+    stalled client answers none of these either: that is a PIPE-4 failure.
+    """
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        call_id = raw.utility("step_count")
+        for message in raw.decoded(1.0):
+            if isinstance(message, EngineOutputs) and message.utility_output is not None \
+                    and message.utility_output.call_id == call_id:
+                if int(message.utility_output.result) >= steps:
+                    return
+    raise AssertionError(f"PIPE-4: client 0 got no step count of {steps} or more within "
+                         f"{limit_s} s while client 1 stalled (the engine's output path "
+                         "blocked on the stalled client)")
 
 
 def _hostile_frames(marker: Path) -> dict[str, list[bytes]]:
@@ -226,7 +245,7 @@ def test_engine_routes_aborts_and_rejections_by_client_index(rig: Rig) -> None:
     waiter = Thread(target=raws[1].wait_ready, daemon=True)
     waiter.start()
     raws[0].wait_ready()
-    waiter.join(10)
+    waiter.join(60)
     rid_abort, rid_reject = request_id("ab1"), request_id("rj1")
     raws[1].add(rid_abort, 100_000)
     raws[1].add(rid_reject, 4, prompt=[REJECT_TOKEN])

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from conformance.contracts.engine_pipeline.harness import (
+    PROCESS_READY_S,
     SLACK_S,
     Rig,
     Streams,
@@ -191,7 +192,7 @@ def test_a_killed_client_takes_its_engines_with_it(rig: Rig) -> None:
                  "output": "tcp://127.0.0.1:0"}
     host = rig.client_process(addresses, engine_indices=[0])
     engine = rig.engine([addresses["handshake"]], clause="PIPE-6")
-    assert host.wait_line("READY", 15), f"PIPE-6: the client never got ready; {host.describe()}"
+    assert host.wait_line("READY", PROCESS_READY_S), f"PIPE-6: the client never got ready; {host.describe()}"
     host.kill()
     status = engine.exit_status(rig.shutdown_bound_s + SLACK_S)
     assert status is not None, (
@@ -294,7 +295,7 @@ def test_live_ipc_path_is_never_taken_over_and_stale_one_reused(rig: Rig) -> Non
     other = {role: f"ipc://{base}/k{role[:1]}" for role in ("handshake", "input", "output")}
     host = rig.client_process(other, engine_indices=[0])
     rig.engine([other["handshake"]], clause="PIPE-10")
-    assert host.wait_line("READY", 15), f"PIPE-10: client process not ready; {host.describe()}"
+    assert host.wait_line("READY", PROCESS_READY_S), f"PIPE-10: client process not ready; {host.describe()}"
     host.kill()
     for process in rig.processes:
         process.end()
