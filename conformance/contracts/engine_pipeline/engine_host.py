@@ -12,7 +12,7 @@ engine, then calls ``serve()``. Exit status: 0 when ``serve()`` returns,
 :data:`FAILED` when building or serving raised (the traceback goes to
 stderr). SIGTERM asks the engine to shut down (its ``shutdown()`` if it has
 one, else ``SystemExit`` in ``serve()``). The host ends with the suite that
-started it (``conformance.lifeline``).
+started it (``conformance.supervision.lifeline``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
-from conformance.lifeline import bind_to_parent
+from conformance.supervision.lifeline import bind_to_parent
 from reference_impl.engine_pipeline.model import FakeModel
 
 FAILED = 3

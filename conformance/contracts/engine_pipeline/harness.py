@@ -32,7 +32,7 @@ from typing import Any, Final, TypeVar
 from chaos.process_faults import ProcessFault
 from conformance.contracts.engine_pipeline.spec import PipelineSpec, factory_path
 from conformance.errors import CallBlocked
-from conformance.lifeline import preexec
+from conformance.supervision.lifeline import preexec
 from reference_impl.engine_pipeline.model import token_of
 from reference_impl.engine_pipeline.wire import FinishReason
 

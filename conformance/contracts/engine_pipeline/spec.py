@@ -170,6 +170,6 @@ def make_spec(factory: Any, *, name: str | None = None,
 
 def load(path: str, *, option: str = "--transport") -> PipelineSpec:
     """Resolve ``MODULE:ATTR`` to a :class:`PipelineSpec` (errors name ``option``)."""
-    from conformance.spec import load_factory
+    from conformance.config.loading import load_factory
 
     return make_spec(load_factory(path, option=option), name=path)

@@ -24,7 +24,7 @@ from conformance.contracts.engine_pipeline.harness import (
     request_id,
 )
 from conformance.contracts.engine_pipeline.peers import RawEngine
-from conformance.harness import free_port
+from conformance.testing.net import free_port
 from reference_impl.engine_pipeline import wire
 
 
