@@ -37,8 +37,8 @@ from reference_impl.engine_pipeline import (
     UtilityFailed,
     UtilityTimeout,
     token_of,
+    wire,
 )
-from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.model import REJECT_TOKEN, ModelFailure
 from reference_impl.engine_pipeline.wire import FinishReason, RequestType
 
@@ -118,7 +118,7 @@ def test_strict_decoding_raises_typed_errors_and_never_unpickles(tmp_path: Path)
          wire.ShapeMismatch),
         (_ext_add(wire.EXT_NDARRAY, msgspec.msgpack.encode(["|O8", [1], b"12345678"])),
          wire.ShapeMismatch),
-        (_frames(wire.AddRequest("r", [], 1, 0)) + [b"unused"], wire.UnusedAuxFrame),
+        ([*_frames(wire.AddRequest("r", [], 1, 0)), b"unused"], wire.UnusedAuxFrame),
         ([b"\xc1"], wire.MalformedPayload),
         ([msgspec.msgpack.encode({"a": 1})], wire.MalformedPayload),
     ]

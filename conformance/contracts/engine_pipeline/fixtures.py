@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from conformance.config.fixtures import contract_spec
 from conformance.contracts.engine_pipeline.harness import Rig
 from conformance.contracts.engine_pipeline.spec import PipelineSpec, load
 from conformance.errors import ConfigError
-from conformance.config.fixtures import contract_spec
 
 #: Environment variable naming an implementation, beating the configuration.
 ENV_TARGET = "ZMQ_CONFORMANCE_ENGINE_PIPELINE"

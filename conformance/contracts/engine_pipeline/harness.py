@@ -37,8 +37,8 @@ from reference_impl.engine_pipeline.model import token_of
 from reference_impl.engine_pipeline.wire import FinishReason
 
 __all__ = [
-    "READY_TIMEOUT_MS",
     "PROCESS_READY_S",
+    "READY_TIMEOUT_MS",
     "SLACK_S",
     "EngineProcess",
     "Rig",

@@ -78,10 +78,9 @@ def _flood_under_way(raw: RawClient, *, steps: int, limit_s: float) -> None:
     while time.monotonic() < end:
         call_id = raw.utility("step_count")
         for message in raw.decoded(1.0):
-            if isinstance(message, EngineOutputs) and message.utility_output is not None \
-                    and message.utility_output.call_id == call_id:
-                if int(message.utility_output.result) >= steps:
-                    return
+            answer = message.utility_output if isinstance(message, EngineOutputs) else None
+            if answer is not None and answer.call_id == call_id and int(answer.result) >= steps:
+                return
     raise AssertionError(f"PIPE-4: client 0 got no step count of {steps} or more within "
                          f"{limit_s} s while client 1 stalled (the engine's output path "
                          "blocked on the stalled client)")

@@ -78,7 +78,7 @@ def _later_calls_raise_at_once(client: Any, clause: str) -> None:
 def test_engine_death_is_seen_and_releases_every_waiter(rig: Rig, how: str) -> None:
     model = {"raise_at_step": 40} if how == "fatal step error" else (
         {"exit_at_step": 40} if how == "exit 0" else {})
-    model["stall_ms"] = 10  # type: ignore[assignment]
+    model["stall_ms"] = 10
     client, process = rig.pipeline(clause="PIPE-5", model=model)
     rid = request_id("dying")
     client.add(rid, [1], 100_000)
@@ -192,7 +192,8 @@ def test_a_killed_client_takes_its_engines_with_it(rig: Rig) -> None:
                  "output": "tcp://127.0.0.1:0"}
     host = rig.client_process(addresses, engine_indices=[0])
     engine = rig.engine([addresses["handshake"]], clause="PIPE-6")
-    assert host.wait_line("READY", PROCESS_READY_S), f"PIPE-6: the client never got ready; {host.describe()}"
+    assert host.wait_line("READY", PROCESS_READY_S), (
+        f"PIPE-6: the client never got ready; {host.describe()}")
     host.kill()
     status = engine.exit_status(rig.shutdown_bound_s + SLACK_S)
     assert status is not None, (
@@ -295,7 +296,8 @@ def test_live_ipc_path_is_never_taken_over_and_stale_one_reused(rig: Rig) -> Non
     other = {role: f"ipc://{base}/k{role[:1]}" for role in ("handshake", "input", "output")}
     host = rig.client_process(other, engine_indices=[0])
     rig.engine([other["handshake"]], clause="PIPE-10")
-    assert host.wait_line("READY", PROCESS_READY_S), f"PIPE-10: client process not ready; {host.describe()}"
+    assert host.wait_line("READY", PROCESS_READY_S), (
+        f"PIPE-10: client process not ready; {host.describe()}")
     host.kill()
     for process in rig.processes:
         process.end()
