@@ -47,9 +47,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import zmq
 
 from reference_impl.engine_pipeline import wire
@@ -82,10 +82,11 @@ IPC_PATH_MAX: Final = 107
 _ROLES: Final = ("handshake", "input", "output")
 _IO_POLL_MS: Final = 50
 _monitor_ids = itertools.count()
+_ZERO_COPY_BYTES: Final = 65536
+_IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
 
 
-@dataclass(frozen=True)
-class RequestOutput:
+class RequestOutput(msgspec.Struct, frozen=True):
     """One output of one request, as :meth:`EngineClient.outputs` returns it."""
 
     request_id: str
@@ -356,8 +357,10 @@ class EngineClient:
 
     def _send(self, target: int, kind: RequestType, frames: list[Any]) -> None:
         try:
-            self._input.send_multipart([wire.engine_identity(target), kind.value, *frames],
-                                       copy=False)
+            # Zero-copy only pays for large frames (pyzmq copies below 64 KiB anyway).
+            large = any(memoryview(f).nbytes >= _ZERO_COPY_BYTES for f in frames)
+            self._input.send_multipart([_IDENTITIES.get(target) or wire.engine_identity(target),
+                                        kind.value, *frames], copy=not large)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._die(f"engine {target} is not connected (EHOSTUNREACH)")
@@ -454,7 +457,7 @@ class EngineClient:
                 reason = None if out.finish_reason is None else _finish(out.finish_reason)
                 if reason is not None:
                     del self._requests[out.request_id]
-                self._outputs.append(RequestOutput(out.request_id, list(out.new_token_ids),
+                self._outputs.append(RequestOutput(out.request_id, out.new_token_ids,
                                                    reason, message.engine_index,
                                                    out.payload, out.detail))
                 delivered = True
