@@ -209,7 +209,7 @@ def _serve_arrays(dealer: zmq.Socket[bytes], push: zmq.Socket[bytes]) -> None:
         frames = dealer.recv_multipart(copy=False)
         header = msgspec.msgpack.decode(frames[1].bytes)
         data = np.frombuffer(frames[2].buffer, dtype=np.float32)
-        push.send_multipart([msgspec.msgpack.encode(header), memoryview(data)], copy=False)
+        push.send_multipart([msgspec.msgpack.encode(header), data.data], copy=False)
 
 
 def _raw_arrays() -> float:
@@ -219,7 +219,7 @@ def _raw_arrays() -> float:
         started = time.perf_counter()
         for i in range(ARRAYS):
             header = msgspec.msgpack.encode([f"a{i}", "<f4", [array.size], 1])
-            raw.router.send_multipart([b"\x00\x00", b"\x00", header, memoryview(array)],
+            raw.router.send_multipart([b"\x00\x00", b"\x00", header, array.data],
                                       copy=False)
             frames = raw.pull.recv_multipart(copy=False)
             got = np.frombuffer(frames[1].buffer, dtype=np.float32)
