@@ -98,9 +98,14 @@ class PipelineMachine(RuleBasedStateMachine):
     @rule(max_tokens=st.integers(1, 40), count=st.integers(1, 30))
     def add(self, max_tokens: int, count: int) -> None:
         inc = self._inc
-        for _ in range(count):
-            rid = request_id("m")
-            guarded("add()", lambda rid=rid: inc.client.add(rid, [1], max_tokens), 5.0)
+        rids = [request_id("m") for _ in range(count)]
+
+        def send() -> None:
+            for rid in rids:
+                inc.client.add(rid, [1], max_tokens)
+
+        guarded("add()", send, 5.0)
+        for rid in rids:
             inc.requests[rid] = _Request(max_tokens)
 
     @precondition(_alive)
