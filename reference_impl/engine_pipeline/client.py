@@ -104,7 +104,7 @@ class RequestOutput(msgspec.Struct, frozen=True):
 class EngineClient:
     """One API server's client of its engines (see the module docstring)."""
 
-    def __init__(self, addresses: str | Mapping[str, str] = "tcp", *, client_index: int = 0,
+    def __init__(self, addresses: str | Mapping[str, Any] = "tcp", *, client_index: int = 0,
                  client_count: int = 1, engine_indices: Sequence[int] = (0,),
                  ready_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
                  heartbeat_timeout_ms: int = 0, max_message_bytes: int = 64 << 20) -> None:
@@ -152,6 +152,10 @@ class EngineClient:
             for role, sock in zip(_ROLES, (self._handshake, self._input, self._output),
                                   strict=True)
         }
+        advertise = addresses.get("advertise") if isinstance(addresses, Mapping) else None
+        #: What WELCOME tells engines to connect to (a proxy in front, for instance).
+        self.advertised = {role: str((advertise or {}).get(role, self.addresses[role]))
+                           for role in ("input", "output")}
 
     # -- addresses ----------------------------------------------------------------
 
@@ -160,7 +164,7 @@ class EngineClient:
         """What engines are given to reach this client."""
         return self.addresses["handshake"]
 
-    def _endpoints(self, addresses: str | Mapping[str, str]) -> dict[str, str]:
+    def _endpoints(self, addresses: str | Mapping[str, Any]) -> dict[str, str]:
         if addresses == "tcp":
             return dict.fromkeys(_ROLES, "tcp://127.0.0.1:0")
         if addresses == "ipc":
@@ -267,7 +271,7 @@ class EngineClient:
                 self._watches[index] = ProcessWatch(pid)
             self._handshake.send_multipart([routing_id, wire.encode_handshake({
                 "status": "WELCOME", "client_index": self.client_index,
-                "input": self.addresses["input"], "output": self.addresses["output"],
+                "input": self.advertised["input"], "output": self.advertised["output"],
                 "pid": os.getpid(), "host": _socket.gethostname(),
             })])
         elif status == "READY" and isinstance(index, int) and index in self._watches:

@@ -90,7 +90,7 @@ class NoReadyDeadlineClient(HeartbeatClient):
 class FixedIpcPathClient(HeartbeatClient):
     """Binds ipc pipelines at one fixed directory: a second pipeline cannot start."""
 
-    def _endpoints(self, addresses: str | Mapping[str, str]) -> dict[str, str]:
+    def _endpoints(self, addresses: str | Mapping[str, Any]) -> dict[str, str]:
         if addresses == "ipc":
             import os
             import tempfile
