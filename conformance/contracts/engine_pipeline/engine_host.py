@@ -12,7 +12,9 @@ engine, then calls ``serve()``. Exit status: 0 when ``serve()`` returns,
 :data:`FAILED` when building or serving raised (the traceback goes to
 stderr). SIGTERM asks the engine to shut down (its ``shutdown()`` if it has
 one, else ``SystemExit`` in ``serve()``). The host ends with the suite that
-started it (``conformance.supervision.lifeline``).
+started it (``conformance.supervision.lifeline``). It prints "SERVING" on
+stdout when the engine is built and ``serve()`` starts, so bounds on the
+engine's own behaviour never include the interpreter's start-up.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    print("SERVING", flush=True)  # built: what follows is the engine's own time
     try:
         engine.serve()
     except SystemExit as exc:

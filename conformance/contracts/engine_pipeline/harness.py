@@ -37,6 +37,7 @@ from reference_impl.engine_pipeline.model import token_of
 from reference_impl.engine_pipeline.wire import FinishReason
 
 __all__ = [
+    "EXIT_ALLOWANCE_S",
     "PROCESS_READY_S",
     "READY_TIMEOUT_MS",
     "SLACK_S",
@@ -54,6 +55,9 @@ T = TypeVar("T")
 READY_TIMEOUT_MS: Final = 60_000
 #: Handshake deadline the suite gives engines (same reasoning).
 HANDSHAKE_TIMEOUT_MS: Final = 60_000
+#: What an engine process's own exit may add to a bound (interpreter teardown on a loaded
+#: machine), where the bound is on when the engine gives up, not on process teardown.
+EXIT_ALLOWANCE_S: Final = 2.0
 #: How long a client process may take to print READY.
 PROCESS_READY_S: Final = 60.0
 #: Scheduling slack on top of every bound.
@@ -296,16 +300,22 @@ class Rig:
                client_count: int = 1, engine_indices: Sequence[int] = (0,),
                clause: str = "", **options: Any) -> Any:
         """A client (the one under test, or the reference when ``under_test`` is False)."""
-        factory = (self.spec.require("client", clause) if under_test
-                   else self.spec.client_or_reference())
-        if not under_test:
+        if under_test:
+            factory = self.spec.require("client", clause)
+        else:
             from reference_impl.engine_pipeline import REFERENCE
 
             factory = REFERENCE.client
         options.setdefault("ready_timeout_ms", READY_TIMEOUT_MS)
-        client = guarded("client factory", lambda: factory(
-            addresses, client_index=client_index, client_count=client_count,
-            engine_indices=list(engine_indices), **options), 10.0)
+        try:
+            client = guarded("client factory", lambda: factory(
+                addresses, client_index=client_index, client_count=client_count,
+                engine_indices=list(engine_indices), **options), 10.0)
+        except CallBlocked:
+            raise
+        except Exception as exc:
+            raise AssertionError(f"{clause}: the client factory raised {type(exc).__name__}: "
+                                 f"{exc} (addresses {addresses!r:.200})") from exc
         self.clients.append(client)
         return client
 
@@ -328,6 +338,7 @@ class Rig:
     def client_process(self, addresses: Any, **options: Any) -> EngineProcess:
         """The client under test in a process of its own (ready once "READY" is printed)."""
         factory = self.spec.client_or_reference()
+        options.setdefault("ready_timeout_ms", READY_TIMEOUT_MS)
         process = EngineProcess(factory, addresses, options=options,
                                 stderr_dir=self.tmp_path, side="client")
         self.processes.append(process)

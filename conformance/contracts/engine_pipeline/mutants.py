@@ -149,7 +149,7 @@ class FifoUtilityClient(HeartbeatClient):
                     utility = wire.UtilityOutput(waiting[0], utility.failure_message,
                                                  utility.result)
                     message = wire.EngineOutputs(message.engine_index, message.outputs, utility)
-            frames = [bytes(f) if isinstance(f, bytearray) else f
+            frames = [zmq.Frame(bytes(memoryview(f).cast("B")))
                       for f in wire.Encoder().encode(message)]
         super()._on_output(frames, decoders)
 
@@ -171,11 +171,6 @@ class LastFrameTrackerEngine(HeartbeatEngine):
 
 
 class _BlockingSender(_OutputSender):
-    def __init__(self, pushes: list[zmq.Socket[bytes]]) -> None:
-        super().__init__(pushes)
-        for push in pushes:
-            push.setsockopt(zmq.SNDHWM, 4)
-
     def _try_send(self, client_index: int, frames: list[Any]) -> bool:
         sock = self._pushes[client_index]
         tracker = sock.send_multipart(frames, copy=False, track=True)  # blocks at the HWM
@@ -188,6 +183,12 @@ class BlockingSendEngine(HeartbeatEngine):
     """A bounded output queue with blocking sends: one stalled client stops all (#53859)."""
 
     _sender_type = _BlockingSender
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock = super()._socket(kind)
+        if kind == zmq.PUSH:
+            sock.setsockopt(zmq.SNDHWM, 4)  # before connect: libzmq copies it then
+        return sock
 
 
 class FatalExitsZeroEngine(HeartbeatEngine):

@@ -197,6 +197,20 @@ def _wait_idle(client: Any) -> bool:
     return any(client.call("running", timeout_ms=2000) == [] for _ in range(300))
 
 
+def _steps_reached(observer: RawClient, steps: int, limit_s: float = 20.0) -> None:
+    """Wait (asking over an unstalled client) until the engine made ``steps`` steps."""
+    import time
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        call_id = observer.utility("step_count")
+        for message in observer.decoded(1.0):
+            answer = message.utility_output if isinstance(message, EngineOutputs) else None
+            if answer is not None and answer.call_id == call_id and int(answer.result) >= steps:
+                return
+    raise AssertionError(f"PIPE-3: the engine did not reach step {steps} within {limit_s} s")
+
+
 @pytest.mark.clause("PIPE-3")
 def test_in_flight_output_buffers_are_never_modified(rig: Rig) -> None:
     """A stalled reader keeps large payload frames queued; the bytes read later are intact.
@@ -208,31 +222,42 @@ def test_in_flight_output_buffers_are_never_modified(rig: Rig) -> None:
     the last frame's tracker overwrites queued messages.
     """
     raw = RawClient(stalled=True)
-    rig.closers.append(raw.close)
-    rig.engine([raw.handshake_address], clause="PIPE-3", model={"detail_bytes": 200})
+    observer = RawClient(client_index=1)
+    rig.closers += [raw.close, observer.close]
+    rig.engine([raw.handshake_address, observer.handshake_address], clause="PIPE-3",
+               model={"detail_bytes": 200})
+    from threading import Thread
+
+    waiter = Thread(target=observer.wait_ready, daemon=True)
+    waiter.start()
     raw.wait_ready()
-    steps = 12
+    waiter.join(60)
+    steps, marked_steps = 30, 12
     rids = [request_id("zc") for _ in range(400)]
     for rid in rids:
         raw.add(rid, steps)
+    # The stalled reader's kernel buffers hold a few steps; after 8 the rest queue in the
+    # engine's pipe, where a reused buffer shows.
+    _steps_reached(observer, 8)
     marked = request_id("zc-aux")
     array = np.arange(256, dtype="<u4")
-    raw.add(marked, steps, payload={"a": array})
+    raw.add(marked, marked_steps, payload={"a": array})
     seen: dict[str, list[Any]] = {}
     deadline_s = 20.0
     import time
 
     end = time.monotonic() + deadline_s
+    want = {**dict.fromkeys(rids, steps), marked: marked_steps}
     while time.monotonic() < end and not all(
-            len(seen.get(r, ())) >= steps for r in (*rids, marked)):
+            len(seen.get(r, ())) >= n for r, n in want.items()):
         for message in raw.decoded(1.0):
             assert isinstance(message, EngineOutputs), "PIPE-3: the engine reported its death"
             for out in message.outputs:
                 seen.setdefault(out.request_id, []).append(out)
-    for rid in (*rids, marked):
+    for rid, n in want.items():
         outs = seen.get(rid, [])
-        assert len(outs) == steps, (
-            f"PIPE-3: request {rid}: {len(outs)} outputs of {steps} (queued frames were "
+        assert len(outs) == n, (
+            f"PIPE-3: request {rid}: {len(outs)} outputs of {n} (queued frames were "
             "overwritten or lost)")
         for position, out in enumerate(outs):
             assert out.new_token_ids == [token_of(rid, position)], (
