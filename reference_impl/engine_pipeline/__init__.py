@@ -44,7 +44,10 @@ from reference_impl.engine_pipeline.errors import (
 from reference_impl.engine_pipeline.model import FakeModel, token_of
 from reference_impl.engine_pipeline.wire import FinishReason
 
-#: ZMTP heartbeats of the reference as tested: a paused engine is dead after ~0.5 s.
+#: ZMTP heartbeats of the reference client's PULL as tested: a paused engine is dead after
+#: ~0.5 s. The engine side sets none: a PUSH that sends PINGs to a client that stopped
+#: reading gets no PONG past the stalled bytes, and libzmq would drop that connection with
+#: every output queued on it.
 HEARTBEAT_IVL_MS = 100
 HEARTBEAT_TIMEOUT_MS = 400
 
@@ -67,16 +70,6 @@ class PipelineImplementation:
         return self
 
 
-class HeartbeatEngine(EngineCore):
-    """The reference engine with ZMTP heartbeats on (``detects_hang``)."""
-
-    def __init__(self, addresses: Any, *, engine_index: int, model: Any,
-                 **options: Any) -> None:
-        options.setdefault("heartbeat_ivl_ms", HEARTBEAT_IVL_MS)
-        options.setdefault("heartbeat_timeout_ms", HEARTBEAT_TIMEOUT_MS)
-        super().__init__(addresses, engine_index=engine_index, model=model, **options)
-
-
 class HeartbeatClient(EngineClient):
     """The reference client with ZMTP heartbeats on its output PULL (``detects_hang``)."""
 
@@ -96,7 +89,7 @@ REFERENCE_CAPABILITIES: Mapping[str, Any] = {
     "max_message_bytes": 64 << 20,
 }
 
-REFERENCE = PipelineImplementation(engine=HeartbeatEngine, client=HeartbeatClient,
+REFERENCE = PipelineImplementation(engine=EngineCore, client=HeartbeatClient,
                                    capabilities=REFERENCE_CAPABILITIES)
 
 __all__ = [
@@ -116,7 +109,6 @@ __all__ = [
     "HandshakeRefused",
     "HandshakeTimeout",
     "HeartbeatClient",
-    "HeartbeatEngine",
     "MessageTooLarge",
     "PipelineError",
     "PipelineImplementation",

@@ -372,8 +372,10 @@ class _OutputSender:
         return any(self._backlog.values())
 
     def _buffer(self) -> bytearray:
-        while self._in_flight and self._in_flight[-1][0].done:
-            self._free.append(self._in_flight.pop()[1])
+        """The most recently released buffer (warm in cache), else one whose frame is done."""
+        if not self._free:
+            while self._in_flight and self._in_flight[-1][0].done:
+                self._free.append(self._in_flight.pop()[1])
         return self._free.pop() if self._free else bytearray()
 
     def send(self, client_index: int, outputs: EngineOutputs) -> None:

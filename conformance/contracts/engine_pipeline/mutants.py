@@ -24,11 +24,10 @@ from conformance.selfcheck.mutants import Mutant
 from reference_impl.engine_pipeline import (
     REFERENCE_CAPABILITIES,
     HeartbeatClient,
-    HeartbeatEngine,
     PipelineImplementation,
     wire,
 )
-from reference_impl.engine_pipeline.engine import _OutputSender
+from reference_impl.engine_pipeline.engine import EngineCore, _OutputSender
 from reference_impl.engine_pipeline.errors import EngineDead
 from reference_impl.engine_pipeline.model import FakeModel
 from reference_impl.engine_pipeline.wire import EngineOutput, FinishReason
@@ -164,7 +163,7 @@ class _LastFrameTrackerSender(_OutputSender):
         return tracker
 
 
-class LastFrameTrackerEngine(HeartbeatEngine):
+class LastFrameTrackerEngine(EngineCore):
     """Reuses a blob buffer when the *last* frame's tracker is done (vLLM #24655)."""
 
     _sender_type = _LastFrameTrackerSender
@@ -179,7 +178,7 @@ class _BlockingSender(_OutputSender):
         return True
 
 
-class BlockingSendEngine(HeartbeatEngine):
+class BlockingSendEngine(EngineCore):
     """A bounded output queue with blocking sends: one stalled client stops all (#53859)."""
 
     _sender_type = _BlockingSender
@@ -191,7 +190,7 @@ class BlockingSendEngine(HeartbeatEngine):
         return sock
 
 
-class FatalExitsZeroEngine(HeartbeatEngine):
+class FatalExitsZeroEngine(EngineCore):
     """Catches its own fatal error and returns from serve(): the process exits 0 (#48966)."""
 
     def serve(self) -> None:
@@ -201,7 +200,7 @@ class FatalExitsZeroEngine(HeartbeatEngine):
             return
 
 
-class InputThreadDiesEngine(HeartbeatEngine):
+class InputThreadDiesEngine(EngineCore):
     """Its input thread raises on an unknown type byte and ends silently (vLLM #26139)."""
 
     def _input_loop(self) -> None:
@@ -226,7 +225,7 @@ def _unpickling_ext_hook(code: int, data: memoryview) -> Any:
     return msgspec.msgpack.Ext(code, bytes(data))
 
 
-class AcceptsPickleEngine(HeartbeatEngine):
+class AcceptsPickleEngine(EngineCore):
     """Decodes with a pickle fallback for extension 1, as vLLM did (CVE-2025-30165)."""
 
     def _accept_frames(self, frames: list[Any], decoders: wire.Decoders) -> None:
@@ -245,7 +244,7 @@ class _KeepsRunningModel(FakeModel):
                                       EngineOutput(rid, [], int(FinishReason.ABORT))))
 
 
-class RunsAfterAbortEngine(HeartbeatEngine):
+class RunsAfterAbortEngine(EngineCore):
     """Acknowledges an abort with a finish but keeps generating the request."""
 
     def __init__(self, addresses: Any, *, engine_index: int, model: Any, **options: Any) -> None:
@@ -265,7 +264,7 @@ class _ClientZeroEndingsModel(FakeModel):
         self._endings[before:] = [(0, out) for _, out in self._endings[before:]]
 
 
-class AbortsToClientZeroEngine(HeartbeatEngine):
+class AbortsToClientZeroEngine(EngineCore):
     """Sends aborts and rejections to client 0 whoever asked (SGLang #33858)."""
 
     def __init__(self, addresses: Any, *, engine_index: int, model: Any, **options: Any) -> None:
@@ -278,7 +277,7 @@ class AbortsToClientZeroEngine(HeartbeatEngine):
 _CAPS: dict[str, Any] = dict(REFERENCE_CAPABILITIES)
 
 
-def _impl(engine: Any = HeartbeatEngine, client: Any = HeartbeatClient,
+def _impl(engine: Any = EngineCore, client: Any = HeartbeatClient,
           **caps: Any) -> PipelineImplementation:
     return PipelineImplementation(engine=engine, client=client, capabilities={**_CAPS, **caps})
 

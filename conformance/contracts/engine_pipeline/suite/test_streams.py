@@ -217,28 +217,31 @@ def test_in_flight_output_buffers_are_never_modified(rig: Rig) -> None:
 
     Every output carries 200 deterministic inline bytes, so with 400
     requests one step's blob is above pyzmq's 64 KiB copy threshold (sent
-    zero-copy); one request echoes a 1 KiB array (a small trailing aux
-    frame, which pyzmq copies). An engine that reuses the blob buffer by
-    the last frame's tracker overwrites queued messages.
+    zero-copy); one request, added once the stalled connection's buffers are
+    full, echoes a 1 KiB array (a small trailing aux frame, which pyzmq
+    copies). An engine that reuses the blob buffer by the last frame's
+    tracker overwrites that queued message.
     """
     raw = RawClient(stalled=True)
     observer = RawClient(client_index=1)
     rig.closers += [raw.close, observer.close]
+    # 10 ms per step: the marked request joins while dozens of steps remain.
     rig.engine([raw.handshake_address, observer.handshake_address], clause="PIPE-3",
-               model={"detail_bytes": 200})
+               model={"detail_bytes": 200, "stall_ms": 10})
     from threading import Thread
 
     waiter = Thread(target=observer.wait_ready, daemon=True)
     waiter.start()
     raw.wait_ready()
     waiter.join(60)
-    steps, marked_steps = 30, 12
+    steps, marked_steps = 120, 12
     rids = [request_id("zc") for _ in range(400)]
     for rid in rids:
         raw.add(rid, steps)
-    # The stalled reader's kernel buffers hold a few steps; after 8 the rest queue in the
-    # engine's pipe, where a reused buffer shows.
-    _steps_reached(observer, 8)
+    # The stalled connection's socket buffers hold up to ~4 MiB (tcp_wmem's usual maximum,
+    # 50-odd steps of 86 KB); after 80 steps later messages queue in the engine's pipe,
+    # where a reused buffer shows.
+    _steps_reached(observer, 80)
     marked = request_id("zc-aux")
     array = np.arange(256, dtype="<u4")
     raw.add(marked, marked_steps, payload={"a": array})
@@ -250,7 +253,12 @@ def test_in_flight_output_buffers_are_never_modified(rig: Rig) -> None:
     want = {**dict.fromkeys(rids, steps), marked: marked_steps}
     while time.monotonic() < end and not all(
             len(seen.get(r, ())) >= n for r, n in want.items()):
-        for message in raw.decoded(1.0):
+        try:
+            messages = raw.decoded(1.0)
+        except wire.WireError as exc:
+            raise AssertionError(f"PIPE-3: a queued output message no longer decodes ({exc}): "
+                                 "its buffer was modified in flight") from exc
+        for message in messages:
             assert isinstance(message, EngineOutputs), "PIPE-3: the engine reported its death"
             for out in message.outputs:
                 seen.setdefault(out.request_id, []).append(out)
