@@ -289,7 +289,7 @@ def test_live_ipc_path_is_never_taken_over_and_stale_one_reused(rig: Rig) -> Non
     addresses = {role: f"ipc://{base}/{role[:2]}" for role in ("handshake", "input", "output")}
     client, _ = rig.pipeline(clause="PIPE-10", addresses=addresses)
     factory = rig.spec.require("client", "PIPE-10")
-    with pytest.raises(Exception) as info:  # noqa: PT011 - any error will do
+    with pytest.raises(Exception) as info:  # any error will do
         second = guarded("client factory", lambda: factory(
             addresses, client_index=0, client_count=1, engine_indices=[0]), 10)
         rig.clients.append(second)
