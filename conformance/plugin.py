@@ -26,7 +26,8 @@ a user override is in use), ``zmq_blocked``, ``zmq_xpassed`` and
 ``zmq_counterexample`` (set when the report is made), ``zmq_reruns`` and
 ``zmq_rerun_s`` (the re-run tally, set before the reports are logged),
 ``zmq_crashed`` (set by the controller on the report xdist makes for a test
-whose worker died).
+whose worker died, or when the report is made for a test whose driver
+process died: :class:`conformance.drivers.DriverCrashed`).
 
 A failing clause test is re-run (``--zmq-reruns N``, see
 :mod:`conformance.supervision.reruns`) inside the process that ran it, before its

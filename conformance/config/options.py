@@ -31,6 +31,10 @@ def add_options(parser: pytest.Parser) -> None:
                     help="factory of the implementation under test, shaped as the contract "
                          "needs (implies --zmq-conformance); default: ini zmq_transport, "
                          "$ZMQ_CONFORMANCE_TRANSPORT, the contract's reference")
+    group.addoption("--zmq-driver", metavar="CMD", default=None,
+                    help="a driver command to test instead of MODULE:ATTR, for an "
+                         "implementation in any language (implies --zmq-conformance; "
+                         "docs/drivers.md); default: ini zmq_driver, $ZMQ_CONFORMANCE_DRIVER")
     group.addoption("--zmq-capability", metavar="NAME=VALUE", action="append", default=[],
                     help="declare a capability of the transport (repeatable), e.g. "
                          "heartbeat_ivl_ms=1000")
@@ -65,6 +69,8 @@ def add_options(parser: pytest.Parser) -> None:
                   type="bool", default=False)
     parser.addini("zmq_contract", "the contract to check (default p2p)", default="")
     parser.addini("zmq_transport", "MODULE:ATTR of the implementation under test", default="")
+    parser.addini("zmq_driver", "driver command of the implementation under test "
+                  "(docs/drivers.md)", default="")
     parser.addini("zmq_capabilities", "capabilities of the transport, one NAME=VALUE per line",
                   type="linelist", default=[])
     parser.addini("zmq_profile", "depth profile of the suite (ci, dev, thorough)", default="")
