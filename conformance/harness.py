@@ -51,6 +51,7 @@ import zmq
 from hypothesis.control import currently_in_test_context
 
 from conformance import profiles, watchdog
+from conformance.credentials import SuiteCredentials
 from conformance.errors import CallBlocked
 from conformance.spec import TransportSpec
 
@@ -523,13 +524,17 @@ class Cluster:
     """
 
     def __init__(
-        self, spec: TransportSpec, *, host: str = HOST, call_limit: float | None = None
+        self, spec: TransportSpec, *, host: str = HOST, call_limit: float | None = None,
+        credentials: SuiteCredentials | None = None,
     ) -> None:
         self.spec = spec
         self.host = host
         self.call_limit = call_limit
+        #: CURVE keys every node gets (``None``: authentication off).
+        self.credentials = credentials
         self.nodes: list[Node] = []
         self._build_options: dict[int, dict[str, int]] = {}
+        self._node_credentials: dict[int, SuiteCredentials | None] = {}
 
     # -- building ---------------------------------------------------------
 
@@ -539,6 +544,7 @@ class Cluster:
         *,
         port: int | None = None,
         local_id: str | None = None,
+        credentials: SuiteCredentials | None = None,
         **options: int,
     ) -> Node:
         """Build a node bound on ``host:port`` and known as ``local_id``.
@@ -547,8 +553,10 @@ class Cluster:
         8 times) when binding fails with ``EADDRINUSE``. ``local_id``
         defaults to :meth:`_advertise` (``"host:port"`` here); pass the
         proxy's address when a proxy sits in front of the node. ``options``
-        are heartbeat overrides handed to :meth:`TransportSpec.build`.
+        are heartbeat overrides handed to :meth:`TransportSpec.build`;
+        ``credentials`` replaces the cluster's keys for this node.
         """
+        keys = credentials or self.credentials
         label = name or f"node{next(_names)}"
         attempts = 1 if port is not None else _BIND_ATTEMPTS
         last: BaseException | None = None
@@ -556,7 +564,7 @@ class Cluster:
             chosen = port if port is not None else free_port(self.host)
             ident = local_id or self._advertise(label, chosen)
             try:
-                transport = self._build(label, ident, chosen, options)
+                transport = self._build(label, ident, chosen, options, keys)
             except BaseException as exc:
                 if local_id is None:
                     self._withdraw(ident)
@@ -569,6 +577,7 @@ class Cluster:
             node = Node(label, host=self.host, port=chosen, local_id=ident, transport=transport)
             self.nodes.append(node)
             self._build_options[id(node)] = dict(options)
+            self._node_credentials[id(node)] = keys
             return node
         raise AssertionError(
             f"could not bind node {label!r} after {attempts} attempt(s): {last!r}"
@@ -585,8 +594,11 @@ class Cluster:
     def _withdraw(self, local_id: str) -> None:
         """Undo :meth:`_advertise` for a node that failed to bind (nothing to undo here)."""
 
-    def restart(self, node: Node) -> Node:
+    def restart(self, node: Node, *, credentials: SuiteCredentials | None = None) -> Node:
         """Close ``node``'s transport and build a new one on the same port and ``local_id``.
+
+        With ``credentials`` the new transport gets these keys (a node restarted
+        with a new identity); otherwise the ones it had.
 
         Binding is retried for up to 3 s while the old listener is still being
         released. The same :class:`Node` is returned with a new transport, an
@@ -595,10 +607,13 @@ class Cluster:
         if not node.closed:
             node.close()
         options = self._build_options.get(id(node), {})
+        if credentials is not None:
+            self._node_credentials[id(node)] = credentials
+        keys = self._node_credentials.get(id(node), self.credentials)
         deadline = time.monotonic() + _REBIND_WINDOW_S
         while True:
             try:
-                transport = self._build(node.name, node.local_id, node.port, options)
+                transport = self._build(node.name, node.local_id, node.port, options, keys)
                 break
             except CallBlocked:
                 raise
@@ -614,10 +629,14 @@ class Cluster:
         node._wrappers = {}
         return node
 
-    def _build(self, label: str, local_id: str, port: int, options: dict[str, int]) -> Any:
+    def _build(self, label: str, local_id: str, port: int, options: dict[str, int],
+               credentials: SuiteCredentials | None = None) -> Any:
         with watchdog.guard(f"factory({local_id!r}, {self.host!r}, {port}) for {label}",
                             self.call_limit):
-            return self.spec.build(local_id, self.host, port, **options)
+            if credentials is None:
+                return self.spec.build(local_id, self.host, port, **options)
+            return self.spec.build(local_id, self.host, port, credentials=credentials,
+                                   **options)
 
     # -- driving ----------------------------------------------------------
 
