@@ -22,7 +22,7 @@ reports, which :func:`secrets_in` checks and this module's ``repr``\\ s honour.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,6 +34,8 @@ __all__ = [
     "SERVER_KEYWORDS",
     "KeyPair",
     "SuiteCredentials",
+    "as_client",
+    "as_server",
     "curve_client",
     "secrets_in",
 ]
@@ -111,14 +113,37 @@ def secrets_in(text: str, secrets: Iterable[bytes]) -> list[str]:
     return found
 
 
+def as_client(keys: KeyPair, server_key: bytes) -> Callable[[zmq.Socket[bytes]], None]:
+    """A function that makes a socket (before connect) a CURVE client of ``server_key``."""
+
+    def secure(sock: zmq.Socket[bytes]) -> None:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+    return secure
+
+
+def as_server(keys: KeyPair) -> Callable[[zmq.Socket[bytes]], None]:
+    """A function that makes a socket (before bind) a CURVE server with ``keys``.
+
+    No ZAP handler is involved: it lets in every client that knows its public key,
+    which is what an impostor server played by the suite wants.
+    """
+
+    def secure(sock: zmq.Socket[bytes]) -> None:
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+    return secure
+
+
 def curve_client(ctx: zmq.Context[Any], kind: int, *, keys: KeyPair, server_key: bytes,
                  **options: Any) -> zmq.Socket[bytes]:
     """A raw CURVE client socket (not connected): the suite's honest or stranger peer."""
     sock: zmq.Socket[bytes] = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
-    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    as_client(keys, server_key)(sock)
     for name, value in options.items():
         sock.setsockopt(getattr(zmq, name.upper()), value)
     return sock

@@ -40,13 +40,14 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 import zmq
 
+from reference_impl._curve import CurveServer, ZapHandler, ZapPolicy, server_config
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
     SEQ_BYTES,
@@ -172,9 +173,14 @@ class KVEventPublisher:
         replay_stall_timeout_ms: how long a replay reader may make no
             progress before its replay is abandoned without end marker.
         shutdown_timeout_ms: the bound on :meth:`shutdown`.
+        curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler:
+            CURVE, off by default (see :mod:`reference_impl._curve`): both
+            the PUB and the replay ROUTER become CURVE servers that let in
+            only the allowed client keys (or whom the handler allows); the
+            publisher's thread answers the ZAP requests.
 
     Raises:
-        ValueError: a bad option, naming it.
+        ValueError: a bad option (a CURVE key that does not fit), naming it.
         zmq.ZMQError: an endpoint could not be bound; nothing is left open.
     """
 
@@ -184,6 +190,7 @@ class KVEventPublisher:
         "buffer_steps": DEFAULT_BUFFER_STEPS,
         "data_parallel": True,
         "heartbeat_configurable": True,
+        "authentication": True,
     }
 
     def __init__(
@@ -201,7 +208,12 @@ class KVEventPublisher:
         heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
         replay_stall_timeout_ms: int = DEFAULT_REPLAY_STALL_TIMEOUT_MS,
         shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS,
+        curve_server_secret_key: str | bytes | None = None,
+        curve_allowed_client_keys: Collection[str | bytes] | None = None,
+        curve_zap_handler: ZapPolicy | None = None,
     ) -> None:
+        self._curve: CurveServer | None = server_config(
+            curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler)
         if encoding not in ("map", "array"):
             raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
         for name, value in (
@@ -248,7 +260,10 @@ class KVEventPublisher:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._zap: ZapHandler | None = None
         try:
+            if self._curve is not None:
+                self._zap = ZapHandler(self._ctx, self._curve.policy)
             self._pub = self._socket(zmq.PUB, heartbeat_ivl_ms, heartbeat_timeout_ms)
             self._pub.setsockopt(zmq.SNDHWM, sndhwm)
             self._pub.bind(endpoint)
@@ -268,11 +283,17 @@ class KVEventPublisher:
     def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        self._secure(sock)
         if ivl_ms:
             sock.setsockopt(zmq.HEARTBEAT_IVL, ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms or ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TTL, min(timeout_ms or ivl_ms, 6_553_500))
         return sock
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE server options on a socket about to bind (a no-op when CURVE is off)."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     # -- the interface --------------------------------------------------------
 
@@ -363,10 +384,15 @@ class KVEventPublisher:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        zap = self._zap
+        if zap is not None:
+            poller.register(zap.socket, zmq.POLLIN)
         jobs: dict[bytes, _ReplayJob] = {}
         try:
             while True:
                 try:
+                    if zap is not None:
+                        zap.serve()
                     self._publish_queued()
                     if self._stopping:
                         break
@@ -510,5 +536,7 @@ class KVEventPublisher:
         self._counters.replays_abandoned += len(jobs)
         jobs.clear()
         self._router.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
         # Give libzmq a bounded time to write what the PUB socket still holds.
         self._pub.close(linger=int(self._shutdown_timeout_s * 1000))

@@ -50,6 +50,7 @@ from typing import Final
 
 import zmq
 
+from reference_impl._curve import CurveClient, client_config
 from reference_impl.kv_events.schema import (
     SEQ_BYTES,
     Encoding,
@@ -104,9 +105,13 @@ class KVEventSubscriber:
         rcvhwm: the SUB socket's receive high-water mark (0, the default: no
             limit; a limit lets a publisher restart crash the process, see above).
         reconnect_ivl_ms: libzmq's reconnect interval.
+        curve_client_secret_key, curve_server_key: CURVE, off by default (see
+            :mod:`reference_impl._curve`): the SUB socket and every replay
+            DEALER are CURVE clients pinned to the publisher's server key, so
+            a publisher without the matching secret delivers nothing.
     """
 
-    zmq_conformance_capabilities: Final = {"encoding": "map"}
+    zmq_conformance_capabilities: Final = {"encoding": "map", "authentication": True}
 
     def __init__(
         self,
@@ -122,7 +127,10 @@ class KVEventSubscriber:
         heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
         rcvhwm: int = DEFAULT_RCVHWM,
         reconnect_ivl_ms: int = 100,
+        curve_client_secret_key: str | bytes | None = None,
+        curve_server_key: str | bytes | None = None,
     ) -> None:
+        self._curve: CurveClient | None = client_config(curve_client_secret_key, curve_server_key)
         if encoding not in ("map", "array"):
             raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
         for name, value in (
@@ -177,6 +185,7 @@ class KVEventSubscriber:
                     zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or heartbeat_ivl_ms
                 )
             self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+            self._secure(self._sub)
             self._sub.connect(endpoint)
         except BaseException:
             self._ctx.destroy(linger=0)
@@ -322,8 +331,14 @@ class KVEventSubscriber:
         dealer: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+        self._secure(dealer)
         dealer.connect(self.replay_endpoint)
         return dealer
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE client options on a socket about to connect (a no-op when CURVE is off)."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     def _send_request(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
         with contextlib.suppress(zmq.Again):  # unanswered: the timeout retries

@@ -95,6 +95,8 @@ class PublisherCapabilities:
         shutdown_timeout_ms: the bound EVT-7 allows ``shutdown()`` (the suite
             passes its own when the factory takes ``shutdown_timeout_ms``);
             default 5000 ms.
+        authentication: the factory takes the CURVE server keywords of
+            :mod:`conformance.credentials` and lets in no other client (EVT-10).
     """
 
     encoding: str = "map"
@@ -102,6 +104,7 @@ class PublisherCapabilities:
     data_parallel: bool | None = None
     heartbeat_configurable: bool | None = None
     shutdown_timeout_ms: int | None = None
+    authentication: bool | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> PublisherCapabilities:
@@ -115,6 +118,8 @@ class SubscriberCapabilities:
     encoding: str = "map"
     replay_timeout_ms: int | None = None
     heartbeat_configurable: bool | None = None
+    #: The factory takes the CURVE client keywords and refuses other publishers (EVS-10).
+    authentication: bool | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> SubscriberCapabilities:

@@ -65,10 +65,6 @@ from reference_impl.p2p.transport import (
 
 __all__ = [
     "AbortsInSend",
-    "CurveDroppedAfterReconnect",
-    "CurveKeysLogged",
-    "CurveSetAfterBind",
-    "ZapAllowsEveryone",
     "AssertsOnRegisteredEntry",
     "BoundedReceiveQueue",
     "BytesArriveAsStr",
@@ -77,6 +73,9 @@ __all__ = [
     "CloseLeaksContext",
     "CloseLeaksMonitor",
     "CloseNeverReturns",
+    "CurveDroppedAfterReconnect",
+    "CurveKeysLogged",
+    "CurveSetAfterBind",
     "DisconnectDebounced",
     "DropsFirstSendAfterReconnect",
     "DropsLargeMessagesUndeclared",
@@ -117,6 +116,7 @@ __all__ = [
     "TrustsColonInIdentity",
     "UnboundedPollBatch",
     "UndecodablePayloadRaises",
+    "ZapAllowsEveryone",
 ]
 
 #: A receive limit so large it never triggers (ZMQ_MAXMSGSIZE is an int64).

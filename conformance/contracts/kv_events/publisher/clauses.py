@@ -63,4 +63,12 @@ CLAUSES: Final[dict[str, Clause]] = clause_table(
         "Publishers of several data-parallel ranks on one host, with the endpoints they "
         "derive from one configuration, all start and each serves its own stream.",
     ),
+    Clause(
+        "EVT-10",
+        "strangers get no batch and no replay",
+        "Where the publisher declares authentication (CURVE), a subscriber or replay client "
+        "without an allowed key receives nothing, neither live batches nor replays, while "
+        "authenticated peers are served as usual; no secret key appears in its logs or "
+        "reprs.",
+    ),
 )

@@ -220,6 +220,17 @@ def _plus(endpoint: str, offset: int) -> str:
 
 
 _BASE: Final = "reference_impl.kv_events.publisher:KVEventPublisher"
+class CurvePubOnly(KVEventPublisher):
+    """CURVE server options on the PUB socket only: the replay ROUTER stays plain, so any
+    stranger replays the whole retained stream (and a CURVE replay client is refused)."""
+
+    def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
+        sock = super()._socket(kind, ivl_ms, timeout_ms)
+        if kind == zmq.ROUTER:
+            sock.setsockopt(zmq.CURVE_SERVER, 0)  # MUTATION: the replay ROUTER is plain
+        return sock
+
+
 _M: Final = "conformance.contracts.kv_events.publisher.mutants"
 
 
@@ -249,4 +260,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "shutdown() discards the queued batches silently", "EVT-7"),
     _m("evt_rank_endpoints_collide", "RankEndpointsCollide",
        "rank endpoints add the rank to both ports, so ranks 0 and 1 collide", "EVT-8"),
+    _m("evt_curve_pub_only", "CurvePubOnly",
+       "CURVE on the PUB socket only: the replay ROUTER is plain and replays to strangers",
+       "EVT-10"),
 )

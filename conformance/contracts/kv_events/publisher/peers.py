@@ -107,8 +107,11 @@ class Sub:
     """A SUB socket on the publisher's endpoint; :meth:`drain` keeps what arrived."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, topic: str, *,
-                 rcvhwm: int = 0) -> None:
+                 rcvhwm: int = 0, secure: Callable[[zmq.Socket[bytes]], None] | None = None
+                 ) -> None:
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
+        if secure is not None:
+            secure(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 10)
@@ -140,8 +143,11 @@ class Sub:
 class ReplayClient:
     """A DEALER on the replay endpoint speaking the REQ-shaped protocol."""
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, rcvhwm: int = 0) -> None:
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, rcvhwm: int = 0,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> None:
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        if secure is not None:
+            secure(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.connect(endpoint)
@@ -308,13 +314,16 @@ class Rig:
 
     # -- peers ------------------------------------------------------------------------
 
-    def sub(self, *, rcvhwm: int = 0) -> Sub:
-        sub = Sub(self.ctx, self.endpoint, self.topic, rcvhwm=rcvhwm)
+    def sub(self, *, rcvhwm: int = 0,
+            secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> Sub:
+        sub = Sub(self.ctx, self.endpoint, self.topic, rcvhwm=rcvhwm, secure=secure)
         self.peers.append(sub)
         return sub
 
-    def replay_client(self, *, rcvhwm: int = 0) -> ReplayClient:
-        client = ReplayClient(self.ctx, self.replay_endpoint, rcvhwm=rcvhwm)
+    def replay_client(self, *, rcvhwm: int = 0,
+                      secure: Callable[[zmq.Socket[bytes]], None] | None = None
+                      ) -> ReplayClient:
+        client = ReplayClient(self.ctx, self.replay_endpoint, rcvhwm=rcvhwm, secure=secure)
         self.peers.append(client)
         return client
 

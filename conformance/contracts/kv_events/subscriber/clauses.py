@@ -58,5 +58,14 @@ CLAUSES: Final[dict[str, Clause]] = {
             "still retains.",
             chaos=True,
         ),
+        Clause(
+            "EVS-10",
+            "an impostor publisher is refused",
+            "Where the subscriber declares authentication (CURVE) and is given the "
+            "publisher's server key, a publisher without the matching secret key (plain, or "
+            "CURVE with another key) delivers nothing to the application, also after the "
+            "subscriber rebuilds its sockets; the real publisher's batches arrive as usual; "
+            "no secret key appears in its logs or reprs.",
+        ),
     )
 }
