@@ -10,6 +10,7 @@ runs each against its clause; the self-check catalog lists them too.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,6 +22,32 @@ from reference_impl.kv_events.subscriber import KVEventSubscriber
 __all__ = ["MUTANTS", "SubscriberMutant"]
 
 _Out = list[tuple[int, KVEventBatch]]
+
+
+class PlaintextFallback(KVEventSubscriber):
+    """Does not insist on the pinned server key: when nothing has arrived 500 ms after it
+    started, it reconnects its SUB socket in plaintext "for compatibility" (a downgrade
+    an impostor publisher gets for free)."""
+
+    _FALLBACK_S: Final = 0.5
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fallback_at = time.monotonic() + self._FALLBACK_S
+        self._fell_back = False
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, KVEventBatch]]:
+        if (not self._fell_back and self._last is None
+                and time.monotonic() >= self._fallback_at):
+            self._fell_back = True
+            self._poller.unregister(self._sub)
+            self._sub.close(linger=0)
+            self._sub = self._ctx.socket(zmq.SUB)  # MUTATION: no CURVE options
+            self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+            self._sub.connect(self.endpoint)
+            self._poller.register(self._sub, zmq.POLLIN)
+        return super().poll(timeout_ms)
 
 
 class NeverAdvancesLast(KVEventSubscriber):
@@ -150,6 +177,9 @@ MUTANTS: Final[tuple[SubscriberMutant, ...]] = (
                      "a decode error escapes poll() and kills the loop", ("EVS-5",)),
     SubscriberMutant("evs_prefix_topic", f"{_M}:PrefixTopic",
                      "delivers every topic the prefix subscription lets through", ("EVS-6",)),
+    SubscriberMutant("evs_plaintext_fallback", f"{_M}:PlaintextFallback",
+                     "does not insist on the server key: reconnects in plaintext when nothing "
+                     "arrived within 500 ms", ("EVS-10",)),
     SubscriberMutant("evs_no_resync", f"{_M}:NoResync",
                      "no heartbeat and no idle check: losses before a quiet period stay lost",
                      ("EVS-7",), chaos=True),

@@ -130,8 +130,10 @@ class SubscriberSpec:
             return SUITE_REPLAY_TIMEOUT_MS
         return int(self.capabilities.get("replay_timeout_ms", UNDECLARED_REPLAY_TIMEOUT_MS))
 
-    def build(self, endpoint: str, replay_endpoint: str, *, topic: str) -> Any:
-        kwargs: dict[str, int] = {}
+    def build(self, endpoint: str, replay_endpoint: str, *, topic: str, **extra: Any) -> Any:
+        """Build the subscriber with the suite's short settings; ``extra`` (the CURVE
+        keywords of :mod:`conformance.credentials`) is passed as it is."""
+        kwargs: dict[str, Any] = dict(extra)
         if self._accepts("replay_timeout_ms"):
             kwargs["replay_timeout_ms"] = SUITE_REPLAY_TIMEOUT_MS
         if self._accepts("heartbeat_ivl_ms"):
@@ -179,7 +181,10 @@ class FakePublisher:
     from publishing, so a test can lag, drop or repeat live copies.
     """
 
-    def __init__(self, *, topic: str, encoding: Encoding, salt: int = 0) -> None:
+    def __init__(self, *, topic: str, encoding: Encoding, salt: int = 0,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> None:
+        #: Applied to both sockets before they bind (a CURVE server, EVS-10).
+        self.secure = secure
         self.topic = topic.encode()
         self.encoding: Encoding = encoding
         self.salt = salt
@@ -202,6 +207,9 @@ class FakePublisher:
         pub.setsockopt(zmq.SNDHWM, 100_000)
         router: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
+        if self.secure is not None:
+            self.secure(pub)
+            self.secure(router)
         deadline = time.monotonic() + _REBIND_S
         for sock, where in ((pub, endpoint), (router, replay_endpoint)):
             while True:
@@ -321,15 +329,17 @@ class Session:
 
     def __init__(self, spec: SubscriberSpec, *, clause: str, topic: str = "kv",
                  fake_topic: str | None = None,
-                 route: Callable[[FakePublisher], tuple[str, str]] | None = None) -> None:
+                 route: Callable[[FakePublisher], tuple[str, str]] | None = None,
+                 fake_secure: Callable[[zmq.Socket[bytes]], None] | None = None,
+                 **subscriber_options: Any) -> None:
         self.clause = clause
         self.fake = FakePublisher(topic=topic if fake_topic is None else fake_topic,
-                                  encoding=spec.encoding)
+                                  encoding=spec.encoding, secure=fake_secure)
         self.delivered: list[tuple[int, Any]] = []
         try:
             endpoint, replay = (route(self.fake) if route is not None
                                 else (self.fake.endpoint, self.fake.replay_endpoint))
-            self.sub = spec.build(endpoint, replay, topic=topic)
+            self.sub = spec.build(endpoint, replay, topic=topic, **subscriber_options)
         except BaseException:
             self.fake.close()
             raise
