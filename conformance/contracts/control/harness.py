@@ -33,6 +33,7 @@ import zmq
 
 from conformance import watchdog
 from conformance.contracts.control.spec import ControlSpec
+from conformance.credentials import SuiteCredentials
 from conformance.errors import CallBlocked
 from conformance.harness import HOST, free_port, is_address_in_use
 
@@ -145,8 +146,11 @@ class ServerRunner:
 
     def __init__(self, factory: Callable[..., Any], endpoint: str,
                  handlers: Mapping[str, Callable[[dict[str, Any]], Any]], *,
-                 generation: int, limit: float | None = None) -> None:
+                 generation: int, limit: float | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
         self.factory = factory
+        #: Keyword arguments of the factory (the CURVE keys, CTL-8).
+        self.options = dict(options or {})
         self.endpoint = endpoint
         self.handlers = dict(handlers)
         self.generation = generation
@@ -174,7 +178,7 @@ class ServerRunner:
     def _run(self) -> None:
         try:
             self._in_call = ("factory", time.monotonic())
-            server = self.factory(self.endpoint, self.handlers)
+            server = self.factory(self.endpoint, self.handlers, **self.options)
             self._in_call = None
         except BaseException as exc:
             self._build_error = exc
@@ -289,11 +293,15 @@ class WireClient:
     the delimiter). Replies are read with a deadline; silence returns None.
     """
 
-    def __init__(self, endpoint: str, kind: int = zmq.DEALER, **options: int) -> None:
+    def __init__(self, endpoint: str, kind: int = zmq.DEALER, *,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None,
+                 **options: int) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(kind)
         self.kind = kind
         self.sock.setsockopt(zmq.LINGER, 0)
+        if secure is not None:
+            secure(self.sock)
         for name, value in options.items():
             self.sock.setsockopt(getattr(zmq, name.upper()), value)
         self.sock.connect(endpoint)
@@ -355,8 +363,11 @@ class Rig:
     or a proxy's in front of it (:meth:`front`, used by the chaos suite).
     """
 
-    def __init__(self, spec: ControlSpec) -> None:
+    def __init__(self, spec: ControlSpec, *, credentials: SuiteCredentials | None = None) -> None:
         self.spec = spec
+        #: CURVE keys of the honest server and clients (``None``: authentication off).
+        self.credentials = credentials
+        self._server_options: dict[str, Any] = {}
         self.handlers = SuiteHandlers()
         self.port = 0
         self.generation = 0
@@ -379,9 +390,19 @@ class Rig:
             self.client_endpoint = self.client_endpoint or self.server_endpoint
         return self.client_endpoint
 
-    def start_server(self) -> ServerRunner:
-        """Start the server (a fresh port the first time, the same port afterwards)."""
-        factory = self.spec.server_or_reference()
+    def start_server(self, factory: Callable[..., Any] | None = None,
+                     options: Mapping[str, Any] | None = None) -> ServerRunner:
+        """Start the server (a fresh port the first time, the same port afterwards).
+
+        ``factory`` and ``options`` replace the server under test and its keywords
+        (an impostor server, CTL-8); by default the server under test gets the rig's
+        credentials.
+        """
+        if factory is None:
+            factory = self.spec.server_or_reference()
+            if options is None and self.credentials is not None:
+                options = self.credentials.server_kwargs()
+        self._server_options = dict(options or {})
         if self.port == 0:
             for attempt in range(8):
                 self.port = free_port()
@@ -405,7 +426,8 @@ class Rig:
         self.generation += 1
         runner = ServerRunner(factory, self.server_endpoint,
                               self.handlers.for_generation(self.generation),
-                              generation=self.generation)
+                              generation=self.generation,
+                              options=self._server_options)
         runner.start()
         self.runner = runner
         if not self.client_endpoint:
@@ -446,14 +468,18 @@ class Rig:
         options.update(overrides)
         if register:
             options["register"] = (REGISTER, {"worker": name})
+        if self.credentials is not None:
+            options.update(self.credentials.client_kwargs())
         with watchdog.guard(f"client factory({self.client_endpoint!r}) for {name}"):
             raw = factory(self.client_endpoint, **options)
         client = Client(raw, name, int(options["request_timeout_ms"]))
         self.clients.append(client)
         return client
 
-    def wire(self, kind: int = zmq.DEALER, **options: int) -> WireClient:
-        wire = WireClient(self.client_endpoint, kind, **options)
+    def wire(self, kind: int = zmq.DEALER, *,
+             secure: Callable[[zmq.Socket[bytes]], None] | None = None,
+             **options: int) -> WireClient:
+        wire = WireClient(self.client_endpoint, kind, secure=secure, **options)
         self.wires.append(wire)
         return wire
 
@@ -523,9 +549,10 @@ class Rig:
 
 
 @contextmanager
-def rig(spec: ControlSpec, *, server: bool = True) -> Iterator[Rig]:
+def rig(spec: ControlSpec, *, server: bool = True,
+        credentials: SuiteCredentials | None = None) -> Iterator[Rig]:
     """A :class:`Rig` with its server started (unless ``server=False``)."""
-    with Rig(spec) as r:
+    with Rig(spec, credentials=credentials) as r:
         if server:
             r.start_server()
         yield r

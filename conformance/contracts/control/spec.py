@@ -31,10 +31,12 @@ class ControlCapabilities:
 
     request_types: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"PING": {}})
     head_of_line: str = "serial"
+    #: Server and client take the CURVE keywords of :mod:`conformance.credentials` (CTL-8).
+    authentication: bool = False
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> ControlCapabilities:
-        known = {"request_types", "head_of_line"}
+        known = {"request_types", "head_of_line", "authentication"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"{origin}: unknown capability {unknown[0]!r}; known: "
@@ -49,7 +51,10 @@ class ControlCapabilities:
         if hol not in HEAD_OF_LINE:
             raise ConfigError(f"{origin}: head_of_line must be one of {', '.join(HEAD_OF_LINE)},"
                               f" got {hol!r}")
-        return cls(request_types=dict(types), head_of_line=hol)
+        authentication = values.get("authentication", False)
+        if not isinstance(authentication, bool):
+            raise ConfigError(f"{origin}: authentication must be true or false")
+        return cls(request_types=dict(types), head_of_line=hol, authentication=authentication)
 
 
 @dataclass(frozen=True)
