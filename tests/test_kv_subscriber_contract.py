@@ -35,6 +35,7 @@ _TEST_OF = {
     "EVS-5": "test_garbled_frames_are_skipped",
     "EVS-6": "test_only_the_configured_topic",
     "EVS-7": "test_silent_partition_heals_gap_free",
+    "EVS-10": "test_an_impostor_publisher_is_refused",
 }
 
 #: Mutants killed by another test of their clause than the one above.
