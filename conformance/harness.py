@@ -544,7 +544,6 @@ class Cluster:
         *,
         port: int | None = None,
         local_id: str | None = None,
-        credentials: SuiteCredentials | None = None,
         **options: int,
     ) -> Node:
         """Build a node bound on ``host:port`` and known as ``local_id``.
@@ -553,10 +552,10 @@ class Cluster:
         8 times) when binding fails with ``EADDRINUSE``. ``local_id``
         defaults to :meth:`_advertise` (``"host:port"`` here); pass the
         proxy's address when a proxy sits in front of the node. ``options``
-        are heartbeat overrides handed to :meth:`TransportSpec.build`;
-        ``credentials`` replaces the cluster's keys for this node.
+        are heartbeat overrides handed to :meth:`TransportSpec.build`. The node
+        gets the cluster's :attr:`credentials` (see :meth:`add_node_as`).
         """
-        keys = credentials or self.credentials
+        keys = self.credentials
         label = name or f"node{next(_names)}"
         attempts = 1 if port is not None else _BIND_ATTEMPTS
         last: BaseException | None = None
@@ -594,11 +593,23 @@ class Cluster:
     def _withdraw(self, local_id: str) -> None:
         """Undo :meth:`_advertise` for a node that failed to bind (nothing to undo here)."""
 
-    def restart(self, node: Node, *, credentials: SuiteCredentials | None = None) -> Node:
+    def add_node_as(self, credentials: SuiteCredentials, name: str) -> Node:
+        """:meth:`add_node` with other keys than the cluster's (a stranger, SEC-2)."""
+        saved, self.credentials = self.credentials, credentials
+        try:
+            return self.add_node(name)
+        finally:
+            self.credentials = saved
+
+    def restart_as(self, node: Node, credentials: SuiteCredentials) -> Node:
+        """:meth:`restart` with new keys: the node comes back with another identity."""
+        self._node_credentials[id(node)] = credentials
+        return self.restart(node)
+
+    def restart(self, node: Node) -> Node:
         """Close ``node``'s transport and build a new one on the same port and ``local_id``.
 
-        With ``credentials`` the new transport gets these keys (a node restarted
-        with a new identity); otherwise the ones it had.
+        The new transport gets the keys the node had (see :meth:`restart_as`).
 
         Binding is retried for up to 3 s while the old listener is still being
         released. The same :class:`Node` is returned with a new transport, an
@@ -607,8 +618,6 @@ class Cluster:
         if not node.closed:
             node.close()
         options = self._build_options.get(id(node), {})
-        if credentials is not None:
-            self._node_credentials[id(node)] = credentials
         keys = self._node_credentials.get(id(node), self.credentials)
         deadline = time.monotonic() + _REBIND_WINDOW_S
         while True:
@@ -635,8 +644,7 @@ class Cluster:
                             self.call_limit):
             if credentials is None:
                 return self.spec.build(local_id, self.host, port, **options)
-            return self.spec.build(local_id, self.host, port, credentials=credentials,
-                                   **options)
+            return self.spec.build(local_id, self.host, port, credentials, **options)
 
     # -- driving ----------------------------------------------------------
 

@@ -129,8 +129,8 @@ class TransportSpec:
             return SUITE_HEARTBEAT_TIMEOUT_MS
         return self.capabilities.heartbeat_timeout_ms
 
-    def build(self, local_id: str, host: str, port: int, *,
-              credentials: SuiteCredentials | None = None, **overrides: int) -> Any:
+    def build(self, local_id: str, host: str, port: int,
+              credentials: SuiteCredentials | None = None, /, **overrides: int) -> Any:
         """Build one node; configurable transports get the suite's heartbeats.
 
         ``overrides`` replaces individual heartbeat values (only meaningful

@@ -39,7 +39,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 import zmq
 from zmq.utils import z85
@@ -63,6 +63,7 @@ ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 ZAP_DOMAIN: Final = b"zmq-conformance"
 _Z85_CHARS: Final = 40
 _RAW_BYTES: Final = 32
+_POLLIN: Final = int(zmq.POLLIN)
 
 
 def _key(value: object, option: str) -> bytes:
@@ -225,7 +226,7 @@ class ZapHandler:
         """Answer every pending ZAP request; return how many."""
         sock = self.socket
         answered = 0
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[operator]
+        while cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN:
             frames = sock.recv_multipart(zmq.NOBLOCK)
             self._answer(frames)
             answered += 1

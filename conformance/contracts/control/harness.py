@@ -367,6 +367,7 @@ class Rig:
         self.spec = spec
         #: CURVE keys of the honest server and clients (``None``: authentication off).
         self.credentials = credentials
+        self._server_factory: Callable[..., Any] | None = None
         self._server_options: dict[str, Any] = {}
         self.handlers = SuiteHandlers()
         self.port = 0
@@ -390,19 +391,23 @@ class Rig:
             self.client_endpoint = self.client_endpoint or self.server_endpoint
         return self.client_endpoint
 
-    def start_server(self, factory: Callable[..., Any] | None = None,
-                     options: Mapping[str, Any] | None = None) -> ServerRunner:
+    def start_impostor(self, factory: Callable[..., Any],
+                       options: Mapping[str, Any]) -> ServerRunner:
+        """Start ``factory(endpoint, handlers, **options)`` instead of the server under
+        test (an impostor server, CTL-8); later (re)starts run the impostor too."""
+        self._server_factory = factory
+        self._server_options = dict(options)
+        return self.start_server()
+
+    def start_server(self) -> ServerRunner:
         """Start the server (a fresh port the first time, the same port afterwards).
 
-        ``factory`` and ``options`` replace the server under test and its keywords
-        (an impostor server, CTL-8); by default the server under test gets the rig's
-        credentials.
+        The server under test gets the rig's credentials (CURVE on) if it has any.
         """
-        if factory is None:
-            factory = self.spec.server_or_reference()
-            if options is None and self.credentials is not None:
-                options = self.credentials.server_kwargs()
-        self._server_options = dict(options or {})
+        factory = self._server_factory or self.spec.server_or_reference()
+        if self._server_factory is None:
+            self._server_options = (self.credentials.server_kwargs()
+                                    if self.credentials is not None else {})
         if self.port == 0:
             for attempt in range(8):
                 self.port = free_port()

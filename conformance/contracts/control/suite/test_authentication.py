@@ -98,7 +98,7 @@ def test_the_client_refuses_an_impostor_server(control_spec: ControlSpec,
         "curve_server_secret_key": KeyPair.generate().secret,
         "curve_allowed_client_keys": [creds.client.public]}
     with rig(control_spec, server=False, credentials=creds) as r:
-        r.start_server(ControlServer, options)
+        r.start_impostor(ControlServer, options)
         client = r.client("pinned")
         for n in range(_IMPOSTOR_REQUESTS):
             reply, error, _ = client.attempt(ECHO, _echo(f"to-impostor-{n}"))

@@ -101,7 +101,10 @@ def test_node_restarted_behind_a_partition(
     hb = heartbeat_for(zmq_transport_spec, "SEC-2")
     a, b, a_out, _ = _authenticated_pair(chaos_cluster, zmq_transport_spec)
     fault = chaos_cluster.faults.partition(a, b)
-    chaos_cluster.restart(b, credentials=SuiteCredentials.generate() if keys == "new" else None)
+    if keys == "new":
+        chaos_cluster.restart_as(b, SuiteCredentials.generate())
+    else:
+        chaos_cluster.restart(b)
     watch_deaths({"a": a_out}, nodes=[a, b], until=fault.in_place_at + 2 * hb.latest_ms() / 1000)
     healed_at = chaos_cluster.faults.heal(fault)
     deadline = healed_at + hb.recovery_bound_ms / 1000

@@ -119,7 +119,7 @@ def test_strangers_get_nothing_in(zmq_transport_spec: TransportSpec) -> None:
     with Cluster(zmq_transport_spec, credentials=creds) as cluster:
         a, b = cluster.add_node("a"), cluster.add_node("b")
         out, inbound = handshake(a, b)
-        other = cluster.add_node("stranger-node", credentials=SuiteCredentials.generate())
+        other = cluster.add_node_as(SuiteCredentials.generate(), "stranger-node")
         stray = other.connect(b)
         stray.send({"stranger": True})
         with _strangers(b, wire, creds):
@@ -168,7 +168,7 @@ def test_node_restarted_with_new_keys_is_refused(zmq_transport_spec: TransportSp
     with Cluster(zmq_transport_spec, credentials=creds) as cluster:
         a, b = cluster.add_node("a"), cluster.add_node("b")
         out, _ = handshake(a, b)
-        cluster.restart(b, credentials=SuiteCredentials.generate())
+        cluster.restart_as(b, SuiteCredentials.generate())
         for n in range(5):
             if out.alive:
                 out.send({"honest": n})
