@@ -425,12 +425,12 @@ class ZmqTransport(ControlTransport):
                 self._zap = ZapHandler(self._ctx, self._curve_server.policy)
             self._router = self._ctx.socket(zmq.ROUTER)
             self._apply_common_options(self._router)
-            self._secure_router(self._router)
             # A reconnecting peer's new connection takes over its identity at
             # once; without this, libzmq keeps the old (possibly half-open)
             # connection and silently drops the new one's messages.
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+            self._secure_router(self._router)
             self._router.bind(f"tcp://{_bracket(host)}:{port}")
         except BaseException:
             self._ctx.destroy(linger=0)

@@ -125,6 +125,8 @@ FAILURE_MODES: Final[dict[str, FailureMode]] = _modes(
                 "secret keys written to logs, reprs or reports"),
     FailureMode("curve-dropped-on-reconnect",
                 "authentication dropped on a socket rebuilt after a reconnect"),
+    FailureMode("unbounded-receive-buffer",
+                "no receive limit, so a raw peer that announces a huge frame costs memory"),
     FailureMode("heartbeat-partially-applied",
                 "HEARTBEAT_IVL set without TIMEOUT/TTL, so the timeout silently equals the "
                 "interval"),
@@ -303,6 +305,10 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "a reconnect's DEALER is plain: the peer's CURVE ROUTER refuses it and messages "
        "after the reconnect are lost",
        "curve-dropped-on-reconnect", "SEC-2"),
+    _m("no_receive_limit", "NoReceiveLimit",
+       "no ZMQ_MAXMSGSIZE on the ROUTER: frames announced past the limit are buffered byte "
+       "by byte (poll() still drops them once whole)",
+       "unbounded-receive-buffer", "SEC-3"),
     # -- heartbeats under faults (chaos)
     _m("heartbeat_not_applied", "HeartbeatNotApplied",
        "no ZMTP heartbeat option on any socket",

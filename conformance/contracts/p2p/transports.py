@@ -65,6 +65,7 @@ from reference_impl.p2p.transport import (
 
 __all__ = [
     "AbortsInSend",
+    "NoReceiveLimit",
     "AssertsOnRegisteredEntry",
     "BoundedReceiveQueue",
     "BytesArriveAsStr",
@@ -983,3 +984,12 @@ class CurveDroppedAfterReconnect(ZmqTransport):
             return  # MUTATION: a reconnect's DEALER is plain
         self._secured_peers.add(self._next_peer)
         super()._secure_dealer(dealer)
+
+
+class NoReceiveLimit(ZmqTransport):
+    """No ZMQ_MAXMSGSIZE on the ROUTER (oversize messages are still dropped by poll()):
+    a raw peer announcing a huge frame makes libzmq buffer every byte it sends."""
+
+    def _secure_router(self, router: zmq.Socket[bytes]) -> None:
+        router.setsockopt(zmq.MAXMSGSIZE, -1)  # MUTATION: no receive limit
+        super()._secure_router(router)
