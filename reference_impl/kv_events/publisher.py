@@ -76,6 +76,10 @@ _REQUEST_SLICE: Final = 256
 _MORE_NOBLOCK: Final = zmq.SNDMORE | zmq.NOBLOCK
 #: How long the thread sleeps between retries of a replay stalled by EAGAIN.
 _STALL_RETRY_MS: Final = 5
+#: ZMQ_MAXMSGSIZE of both sockets: what peers send here (subscriptions, replay
+#: requests, handshake commands) is tiny, so a frame announced larger is refused at
+#: its header instead of being buffered (EVT-11).
+MAX_INBOUND_FRAME_BYTES: Final = 65536
 
 
 class PublisherClosedError(RuntimeError):
@@ -283,6 +287,7 @@ class KVEventPublisher:
     def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_FRAME_BYTES)
         self._secure(sock)
         if ivl_ms:
             sock.setsockopt(zmq.HEARTBEAT_IVL, ivl_ms)

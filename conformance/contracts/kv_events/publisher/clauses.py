@@ -71,4 +71,12 @@ CLAUSES: Final[dict[str, Clause]] = clause_table(
         "authenticated peers are served as usual; no secret key appears in its logs or "
         "reprs.",
     ),
+    Clause(
+        "EVT-11",
+        "hostile bytes on its ports are harmless",
+        "Raw TCP peers sending random or truncated ZMTP greetings, NULL and CURVE handshakes "
+        "with garbage commands, and frames announced past any receive limit, on the PUB and "
+        "the replay port, neither stop publishing nor starve readers and replays, and cost "
+        "bounded memory.",
+    ),
 )

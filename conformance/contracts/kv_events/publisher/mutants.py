@@ -231,6 +231,16 @@ class CurvePubOnly(KVEventPublisher):
         return sock
 
 
+class NoReceiveLimit(KVEventPublisher):
+    """No ZMQ_MAXMSGSIZE on its sockets (vLLM's publisher sets none): a raw peer that
+    announces a huge frame makes libzmq buffer every byte it sends."""
+
+    def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
+        sock = super()._socket(kind, ivl_ms, timeout_ms)
+        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # MUTATION: no receive limit
+        return sock
+
+
 _M: Final = "conformance.contracts.kv_events.publisher.mutants"
 
 
@@ -263,4 +273,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("evt_curve_pub_only", "CurvePubOnly",
        "CURVE on the PUB socket only: the replay ROUTER is plain and replays to strangers",
        "EVT-10"),
+    _m("evt_no_receive_limit", "NoReceiveLimit",
+       "no receive limit on the PUB and replay sockets: a stranger's announced 1 GiB frame "
+       "is buffered byte by byte", "EVT-11"),
 )
