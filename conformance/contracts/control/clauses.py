@@ -1,4 +1,4 @@
-"""The control-channel clauses CTL-1..8, by stable ID (texts follow ``DESIGN.md``)."""
+"""The control-channel clauses CTL-1..9, by stable ID (texts follow ``DESIGN.md``)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,14 @@ CLAUSES: Final[dict[str, Clause]] = {
             "public key gets no reply from a server without the matching secret (plain, or "
             "CURVE with another key), also after a rebuild; authenticated peers are "
             "unaffected; no secret key appears in logs or reprs.",
+        ),
+        Clause(
+            "CTL-9",
+            "hostile bytes on the server's port are harmless",
+            "Raw TCP peers sending random or truncated ZMTP greetings, NULL and CURVE "
+            "handshakes with garbage commands, frames announced past the receive limit, and "
+            "floods from many identities neither stop the server nor starve honest clients, "
+            "never reach a handler, and cost bounded memory.",
         ),
     )
 }

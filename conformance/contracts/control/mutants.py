@@ -192,6 +192,17 @@ class PlainAfterRebuildClient(ControlClient):
         # MUTATION: a rebuilt socket gets no CURVE options
 
 
+class NoReceiveLimitServer(ControlServer):
+    """Binds without ZMQ_MAXMSGSIZE: a raw peer announcing a huge frame makes libzmq
+    buffer every byte it sends."""
+
+    def __init__(self, endpoint: str, handlers: Mapping[str, Handler] | None = None,
+                 **kwargs: Any) -> None:
+        kwargs["max_message_bytes"] = -1  # MUTATION: no receive limit
+        super().__init__(endpoint, handlers, **kwargs)
+
+
+NO_RECEIVE_LIMIT = ControlImplementation(server=NoReceiveLimitServer, client=ControlClient)
 ZAP_ALLOWS_EVERYONE = ControlImplementation(server=ZapAllowsEveryoneServer, client=ControlClient)
 PLAIN_AFTER_REBUILD = ControlImplementation(server=ControlServer, client=PlainAfterRebuildClient)
 NO_PING = ControlImplementation(server=NoPingServer, client=ControlClient)
@@ -237,4 +248,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("ctl_plain_after_rebuild", "PLAIN_AFTER_REBUILD",
        "the client drops CURVE when it rebuilds its socket after a timeout",
        "curve-dropped-on-reconnect", "CTL-8"),
+    _m("ctl_no_receive_limit", "NO_RECEIVE_LIMIT",
+       "the server binds without ZMQ_MAXMSGSIZE: a stranger's announced 1 GiB frame is "
+       "buffered byte by byte", "unbounded-receive-buffer", "CTL-9"),
 )
