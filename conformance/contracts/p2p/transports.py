@@ -65,7 +65,6 @@ from reference_impl.p2p.transport import (
 
 __all__ = [
     "AbortsInSend",
-    "NoReceiveLimit",
     "AssertsOnRegisteredEntry",
     "BoundedReceiveQueue",
     "BytesArriveAsStr",
@@ -100,6 +99,7 @@ __all__ = [
     "MarkDeadIsLazy",
     "MonitorEndpointFromFd",
     "MonitorEndpointPerPeer",
+    "NoReceiveLimit",
     "NoRouterHandover",
     "NonDictPayloadDelivered",
     "OversizeCrashesPoll",
