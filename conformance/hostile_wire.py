@@ -21,6 +21,7 @@ import contextlib
 import random
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Final
 
 __all__ = [
     "ANNOUNCED_OVERSIZE",
+    "HostileListener",
     "HostileStream",
     "PeakRss",
     "hostile_streams",
@@ -198,3 +200,59 @@ class PeakRss:
         end = rss_peak_kb() if self._peak_reset else rss_kb()
         if self.start_kb is not None and end is not None:
             self.growth_kb = max(0, end - self.start_kb)
+
+
+class HostileListener:
+    """A raw TCP server on ``host:port`` that answers every connection with the next
+    hostile stream, then closes it: an impostor on an endpoint a client connects to.
+
+    Runs in a thread of its own while in the ``with`` block; ``served`` counts the
+    connections it answered.
+    """
+
+    def __init__(self, host: str, port: int, streams: list[HostileStream]) -> None:
+        self.served = 0
+        self._streams = streams
+        self._stop = threading.Event()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 3.0
+        while True:
+            try:
+                self._listener.bind((host, port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self._listener.close()
+                    raise
+                time.sleep(0.01)
+        self._listener.listen(64)
+        self._listener.settimeout(0.05)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"hostile-listener-{port}")
+
+    def __enter__(self) -> HostileListener:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self._listener.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            stream = self._streams[self.served % len(self._streams)]
+            self.served += 1
+            with conn:
+                conn.settimeout(1.0)
+                with contextlib.suppress(OSError):
+                    conn.sendall(stream.data)
+                    if stream.hold:
+                        self._stop.wait(0.05)
+                with contextlib.suppress(OSError):
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -36,6 +36,7 @@ _TEST_OF = {
     "EVS-6": "test_only_the_configured_topic",
     "EVS-7": "test_silent_partition_heals_gap_free",
     "EVS-10": "test_an_impostor_publisher_is_refused",
+    "EVS-11": "test_garbage_from_an_impostor_on_both_endpoints",
 }
 
 #: Mutants killed by another test of their clause than the one above.

@@ -44,11 +44,13 @@ thread is started. What it guarantees (the ``kv-events-subscriber`` contract):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from reference_impl._curve import CurveClient, client_config
 from reference_impl.kv_events.schema import (
@@ -72,6 +74,13 @@ DEFAULT_RCVHWM: Final = 0
 #: caller holds few decoded batches at once (large batches cost memory churn).
 _READ_SLICE: Final = 64
 _SEQ_LIMIT: Final = 2**63
+#: The SUB monitor's events: a connection that ends before its handshake succeeded may
+#: have ended libzmq's session for good (no reconnect), so the SUB socket is rebuilt.
+_SUB_EVENTS: Final = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                      | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_POLLIN: Final = int(zmq.POLLIN)
+#: Monitor endpoints are never reused (libzmq releases inproc names asynchronously).
+_monitor_serial = itertools.count()
 
 
 @dataclass
@@ -169,30 +178,77 @@ class KVEventSubscriber:
         self._closed = False
         self._counts = dict.fromkeys(
             ("delivered", "duplicates", "garbled", "other_topic", "gaps", "replays",
-             "replay_timeouts", "lost", "restarts", "stray_answers"),
+             "replay_timeouts", "lost", "restarts", "stray_answers", "resubscribes"),
             0,
         )
 
+        self._sub_settings = (rcvhwm, heartbeat_ivl_ms, heartbeat_timeout_ms)
+        self._resubscribe_at = 0.0
+        self._sub_failed = False
+        self._sub_handshaken = False
         self._ctx = zmq.Context()
         try:
-            self._sub: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
-            self._sub.setsockopt(zmq.LINGER, 0)
-            self._sub.setsockopt(zmq.RCVHWM, rcvhwm)
-            self._sub.setsockopt(zmq.RECONNECT_IVL, reconnect_ivl_ms)
-            if heartbeat_ivl_ms:
-                self._sub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
-                self._sub.setsockopt(
-                    zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or heartbeat_ivl_ms
-                )
-            self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
-            self._secure(self._sub)
-            self._sub.connect(endpoint)
+            self._sub, self._sub_monitor = self._open_sub()
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
         self._dealer: zmq.Socket[bytes] | None = None
         self._poller = zmq.Poller()
         self._poller.register(self._sub, zmq.POLLIN)
+
+    def _open_sub(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        """The SUB socket, every option set before connect(), and the PAIR reading its
+        connection events (see :meth:`_watch_sub`)."""
+        rcvhwm, heartbeat_ivl_ms, heartbeat_timeout_ms = self._sub_settings
+        sub: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, rcvhwm)
+        sub.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+        if heartbeat_ivl_ms:
+            sub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
+            sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or heartbeat_ivl_ms)
+        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        self._secure(sub)
+        address = f"inproc://kv-subscriber-monitor-{next(_monitor_serial)}"
+        sub.monitor(address, _SUB_EVENTS)
+        monitor: zmq.Socket[bytes] = self._ctx.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+        sub.connect(self.endpoint)
+        return sub, monitor
+
+    def _watch_sub(self) -> None:
+        """Rebuild the SUB socket after a connection ended before its handshake succeeded
+        (at most once per reconnect interval): libzmq ends a connecting session for good
+        on a ZMTP protocol error (and on some garbage without saying so), so garbage from
+        an impostor on the endpoint would otherwise leave the subscriber deaf to the
+        real publisher forever (EVS-11)."""
+        monitor = self._sub_monitor
+        while cast(int, monitor.getsockopt(zmq.EVENTS)) & _POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self._sub_handshaken = False
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._sub_handshaken = True
+            elif event == zmq.EVENT_DISCONNECTED and not self._sub_handshaken:
+                self._sub_failed = True
+        now = time.monotonic()
+        if not self._sub_failed or now < self._resubscribe_at:
+            return
+        self._sub_failed = False
+        self._resubscribe_at = now + self._reconnect_ivl_ms / 1000
+        self._counts["resubscribes"] += 1
+        self._poller.unregister(self._sub)
+        self._close_sub()
+        self._sub, self._sub_monitor = self._open_sub()
+        self._poller.register(self._sub, zmq.POLLIN)
+
+    def _close_sub(self) -> None:
+        # The monitored socket first: closing the monitor's reader first can hang teardown.
+        with contextlib.suppress(zmq.ZMQError):
+            self._sub.disable_monitor()
+        self._sub.close(linger=0)
+        self._sub_monitor.close(linger=0)
 
     # -- the interface ------------------------------------------------------------
 
@@ -211,6 +267,7 @@ class KVEventSubscriber:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         out: list[tuple[int, KVEventBatch]] = []
         while True:
+            self._watch_sub()
             self._read_live(out)
             self._read_replay(out)
             now = time.monotonic()
@@ -226,7 +283,7 @@ class KVEventSubscriber:
             return
         self._closed = True
         self._drop_dealer()
-        self._sub.close(linger=0)
+        self._close_sub()
         self._ctx.term()
 
     # -- extras -------------------------------------------------------------------
@@ -234,7 +291,7 @@ class KVEventSubscriber:
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered``, ``duplicates``, ``garbled``, ``other_topic``,
         ``gaps``, ``replays``, ``replay_timeouts``, ``lost``, ``restarts``,
-        ``stray_answers``."""
+        ``stray_answers``, ``resubscribes`` (SUB sockets rebuilt after a failed handshake)."""
         return dict(self._counts)
 
     @property

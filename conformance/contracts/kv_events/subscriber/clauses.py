@@ -67,5 +67,13 @@ CLAUSES: Final[dict[str, Clause]] = {
             "subscriber rebuilds its sockets; the real publisher's batches arrive as usual; "
             "no secret key appears in its logs or reprs.",
         ),
+        Clause(
+            "EVS-11",
+            "garbage ZMTP from an impostor is harmless",
+            "Raw TCP servers on the publisher's endpoints answering every connection with "
+            "random or truncated ZMTP greetings, garbage NULL or CURVE handshakes, or a frame "
+            "announced past any receive limit, never make poll() raise and deliver nothing; "
+            "once the real publisher is back, its batches are delivered.",
+        ),
     )
 }

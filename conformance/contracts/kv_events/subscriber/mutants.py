@@ -50,6 +50,15 @@ class PlaintextFallback(KVEventSubscriber):
         return super().poll(timeout_ms)
 
 
+class TrustsLibzmqReconnect(KVEventSubscriber):
+    """Leaves reconnecting to libzmq, which ends a SUB's session for good when a
+    handshake fails on garbage: after an impostor spoke on the endpoint, the real
+    publisher is never heard again."""
+
+    def _watch_sub(self) -> None:
+        pass  # MUTATION: the SUB socket is never rebuilt
+
+
 class NeverAdvancesLast(KVEventSubscriber):
     """Tracks its last seq only inside replays, so it never sees a gap (vLLM's
     example subscriber: ``last_seq`` stays -1 and the gap test never fires)."""
@@ -180,6 +189,9 @@ MUTANTS: Final[tuple[SubscriberMutant, ...]] = (
     SubscriberMutant("evs_plaintext_fallback", f"{_M}:PlaintextFallback",
                      "does not insist on the server key: reconnects in plaintext when nothing "
                      "arrived within 500 ms", ("EVS-10",)),
+    SubscriberMutant("evs_trusts_libzmq_reconnect", f"{_M}:TrustsLibzmqReconnect",
+                     "never rebuilds its SUB socket: garbage from an impostor ends libzmq's "
+                     "session and the real publisher is never heard again", ("EVS-11",)),
     SubscriberMutant("evs_no_resync", f"{_M}:NoResync",
                      "no heartbeat and no idle check: losses before a quiet period stay lost",
                      ("EVS-7",), chaos=True),

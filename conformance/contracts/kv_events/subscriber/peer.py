@@ -280,6 +280,8 @@ class FakePublisher:
 
     def pump(self) -> None:
         """Read subscriptions and replay requests; answer requests by ``policy``."""
+        if self._pub.closed:
+            return  # gone away (an impostor holds the endpoints)
         while True:
             try:
                 message = self._pub.recv(zmq.NOBLOCK)
@@ -297,6 +299,11 @@ class FakePublisher:
             self.policy(self, request)
 
     # -- life cycle -----------------------------------------------------------------
+
+    def go_away(self) -> None:
+        """Close both sockets (the endpoints are free for an impostor) until :meth:`restart`."""
+        self._pub.close(0)
+        self._router.close(0)
 
     def restart(self, salt: int) -> None:
         """A new incarnation on the same endpoints: seq from 0, nothing retained."""
