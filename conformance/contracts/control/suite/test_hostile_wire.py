@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import pytest
 import zmq
@@ -50,9 +51,9 @@ def _identity_flood(endpoint: str) -> None:
 
 @pytest.mark.clause(CLAUSE)
 @pytest.mark.parametrize("mode", ["plain", "curve"])
-def test_hostile_handshakes_oversize_frames_and_floods(control_spec: ControlSpec, mode: str,
-                                                       record_property: pytest.RecordProperty
-                                                       ) -> None:
+def test_hostile_handshakes_oversize_frames_and_floods(
+    control_spec: ControlSpec, mode: str, record_property: Callable[[str, object], None],
+) -> None:
     control_spec.require("server", CLAUSE)
     creds = None
     if mode == "curve":

@@ -14,6 +14,8 @@ header, while a node without one buffers every byte it is sent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from conformance.credentials import SuiteCredentials
@@ -33,7 +35,7 @@ _SEED = 0x5EC3
 @pytest.mark.clause("SEC-3")
 @pytest.mark.parametrize("mode", ["plain", "curve"])
 def test_hostile_handshakes_and_oversize_frames(zmq_transport_spec: TransportSpec, mode: str,
-                                                record_property: pytest.RecordProperty
+                                                record_property: Callable[[str, object], None]
                                                 ) -> None:
     creds = None
     if mode == "curve":

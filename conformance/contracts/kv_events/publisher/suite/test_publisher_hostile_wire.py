@@ -12,6 +12,7 @@ recorded as ``rss_growth_kb`` and bounded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ def _port(endpoint: str) -> int:
 @pytest.mark.clause(CLAUSE)
 @pytest.mark.parametrize("mode", ["plain", "curve"])
 def test_hostile_handshakes_and_oversize_frames(kv_publisher_spec: PublisherSpec, mode: str,
-                                                record_property: pytest.RecordProperty
+                                                record_property: Callable[[str, object], None]
                                                 ) -> None:
     options: dict[str, Any] = {}
     secure = None

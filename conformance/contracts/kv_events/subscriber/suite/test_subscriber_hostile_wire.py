@@ -15,6 +15,7 @@ authentication. The peak RSS growth is recorded as ``rss_growth_kb``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ def _port(endpoint: str) -> int:
 @pytest.mark.parametrize("mode", ["plain", "curve"])
 def test_garbage_from_an_impostor_on_both_endpoints(kv_subscriber_spec: SubscriberSpec,
                                                     mode: str,
-                                                    record_property: pytest.RecordProperty
+                                                    record_property: Callable[[str, object], None]
                                                     ) -> None:
     options: dict[str, Any] = {}
     secure = None
