@@ -31,7 +31,7 @@ class ControlCapabilities:
 
     request_types: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"PING": {}})
     head_of_line: str = "serial"
-    #: Server and client take the CURVE keywords of :mod:`conformance.credentials` (CTL-8).
+    #: Server and client take the CURVE keywords of :mod:`conformance.testing.credentials` (CTL-8).
     authentication: bool = False
 
     @classmethod
@@ -121,6 +121,6 @@ def make_spec(factory: Any, *, name: str | None = None,
 
 def load(path: str, *, option: str = "--transport") -> ControlSpec:
     """Resolve ``MODULE:ATTR`` to a :class:`ControlSpec` (errors name ``option``)."""
-    from conformance.spec import load_factory
+    from conformance.config.loading import load_factory
 
     return make_spec(load_factory(path, option=option), name=path)

@@ -96,7 +96,7 @@ class PublisherCapabilities:
             passes its own when the factory takes ``shutdown_timeout_ms``);
             default 5000 ms.
         authentication: the factory takes the CURVE server keywords of
-            :mod:`conformance.credentials` and lets in no other client (EVT-10).
+            :mod:`conformance.testing.credentials` and lets in no other client (EVT-10).
     """
 
     encoding: str = "map"

@@ -1,7 +1,7 @@
 """CTL-8: with authentication declared, strangers are not served and impostors are refused.
 
 The implementation declares ``authentication`` (on its server factory) and
-so takes the CURVE keywords of :mod:`conformance.credentials`: the server its
+so takes the CURVE keywords of :mod:`conformance.testing.credentials`: the server its
 secret key and the allowed client keys, the client its own secret key and the
 server key to pin. Each test draws fresh keys.
 
@@ -33,7 +33,7 @@ from conformance.contracts.control.harness import (
     rig,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.credentials import KeyPair, SuiteCredentials, as_client, secrets_in
+from conformance.testing.credentials import KeyPair, SuiteCredentials, as_client, secrets_in
 from reference_impl.control import ControlServer
 
 CLAUSE = "CTL-8"

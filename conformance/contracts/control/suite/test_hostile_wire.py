@@ -1,6 +1,6 @@
 """CTL-9: hostile bytes on the server's port cannot stop it, starve clients or grow it.
 
-Plain TCP clients write the streams of :mod:`conformance.hostile_wire`
+Plain TCP clients write the streams of :mod:`conformance.testing.hostile_wire`
 (random and truncated greetings, garbage NULL and CURVE handshakes, a CURVE
 HELLO with random boxes, a command and a frame announcing 1 GiB followed by
 1 MiB of real bytes), many copies of each, with CURVE off and, where the
@@ -22,8 +22,13 @@ import zmq
 
 from conformance.contracts.control.harness import ECHO, nonce, rig
 from conformance.contracts.control.spec import ControlSpec
-from conformance.credentials import SuiteCredentials
-from conformance.hostile_wire import OVERSIZE_PAYLOAD, PeakRss, hostile_streams, send_streams
+from conformance.testing.credentials import SuiteCredentials
+from conformance.testing.hostile_wire import (
+    OVERSIZE_PAYLOAD,
+    PeakRss,
+    hostile_streams,
+    send_streams,
+)
 
 CLAUSE = "CTL-9"
 COPIES = 24

@@ -13,7 +13,7 @@ pyzmq sockets, so it needs nothing of the publisher but ``publish()`` and
   could be encoded), and the checks every clause test shares.
 
 Every call into the publisher (the factory, ``publish()``, ``shutdown()``,
-``stats()``) runs under :mod:`conformance.watchdog`, so a call that hangs
+``stats()``) runs under :mod:`conformance.supervision.watchdog`, so a call that hangs
 becomes a ``blocked`` verdict, never a hung run.
 """
 
@@ -29,8 +29,8 @@ from typing import Any, Final
 
 import zmq
 
-from conformance import watchdog
 from conformance.contracts.kv_events.spec import PublisherSpec
+from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
     SEQ_BYTES,

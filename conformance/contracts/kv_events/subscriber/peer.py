@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import zmq
 
-from conformance import watchdog
 from conformance.errors import CallBlocked, ConfigError
+from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
     ENCODINGS,
     END_MARKER_SEQ,
@@ -132,7 +132,7 @@ class SubscriberSpec:
 
     def build(self, endpoint: str, replay_endpoint: str, *, topic: str, **extra: Any) -> Any:
         """Build the subscriber with the suite's short settings; ``extra`` (the CURVE
-        keywords of :mod:`conformance.credentials`) is passed as it is."""
+        keywords of :mod:`conformance.testing.credentials`) is passed as it is."""
         kwargs: dict[str, Any] = dict(extra)
         if self._accepts("replay_timeout_ms"):
             kwargs["replay_timeout_ms"] = SUITE_REPLAY_TIMEOUT_MS

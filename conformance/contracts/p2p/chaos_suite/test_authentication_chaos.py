@@ -1,6 +1,6 @@
 """SEC-2 under faults: authentication survives partitions and restarts, and pins keys.
 
-With CURVE on (fresh keys per test, :mod:`conformance.credentials`), nodes
+With CURVE on (fresh keys per test, :mod:`conformance.testing.credentials`), nodes
 talk through toxiproxy:
 
 - after a silent partition heals, authenticated peers reconnect and talk both
@@ -19,7 +19,6 @@ import time
 
 import pytest
 
-from chaos.topology import ChaosCluster
 from conformance.contracts.p2p.chaos_suite._support import (
     Mailbox,
     Recorder,
@@ -28,9 +27,10 @@ from conformance.contracts.p2p.chaos_suite._support import (
     report,
     watch_deaths,
 )
-from conformance.credentials import SuiteCredentials
-from conformance.harness import Connection, Node, wait_until
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.harness import Connection, Node, wait_until
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.topology import ChaosCluster
+from conformance.testing.credentials import SuiteCredentials
 
 pytestmark = pytest.mark.chaos
 

@@ -1,7 +1,7 @@
 """SEC-2: with authentication declared, strangers get nothing in; honest peers are unaffected.
 
 The transport declares ``authentication`` and so takes the CURVE keywords of
-:mod:`conformance.credentials`; every test draws fresh keys and builds its
+:mod:`conformance.testing.credentials`; every test draws fresh keys and builds its
 honest nodes with them (one cluster credential: a server pair and a client
 pair). Strangers speak the honest wire format under a plausible identity:
 
@@ -28,18 +28,18 @@ import msgspec
 import pytest
 import zmq
 
-from conformance.credentials import KeyPair, SuiteCredentials, curve_client, secrets_in
-from conformance.harness import (
+from conformance.contracts.p2p.harness import (
     Cluster,
     Connection,
     Node,
     handshake,
     receive,
-    unreachable_address,
     wait_until,
 )
-from conformance.hostile import HostilePeer, WireFormat, learn_wire_format
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.hostile import HostilePeer, WireFormat, learn_wire_format
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.testing.credentials import KeyPair, SuiteCredentials, curve_client, secrets_in
+from conformance.testing.net import unreachable_address
 
 _encode = msgspec.msgpack.encode
 #: How long strangers get to push their messages through, with the target polled.

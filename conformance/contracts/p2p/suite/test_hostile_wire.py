@@ -1,6 +1,6 @@
 """SEC-3: hostile bytes below ZeroMQ cannot crash the node, starve its peers or grow it.
 
-Plain TCP clients write what :mod:`conformance.hostile_wire` builds (random
+Plain TCP clients write what :mod:`conformance.testing.hostile_wire` builds (random
 and truncated greetings, NULL and CURVE handshakes with garbage commands, a
 CURVE HELLO with random boxes, a command and a frame announcing 1 GiB
 followed by 1 MiB of real bytes), many copies of each, to the node's bound
@@ -18,11 +18,16 @@ from collections.abc import Callable
 
 import pytest
 
-from conformance.credentials import SuiteCredentials
-from conformance.harness import Cluster, handshake, receive
-from conformance.hostile_wire import OVERSIZE_PAYLOAD, PeakRss, hostile_streams, send_streams
-from conformance.process_nodes import is_process_spec
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.harness import Cluster, handshake, receive
+from conformance.contracts.p2p.process_nodes import is_process_spec
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.testing.credentials import SuiteCredentials
+from conformance.testing.hostile_wire import (
+    OVERSIZE_PAYLOAD,
+    PeakRss,
+    hostile_streams,
+    send_streams,
+)
 
 #: Connections per hostile stream (two of the streams carry OVERSIZE_PAYLOAD each).
 COPIES = 24

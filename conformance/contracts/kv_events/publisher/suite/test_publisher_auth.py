@@ -1,7 +1,7 @@
 """EVT-10: with authentication declared, strangers get no batch and no replay.
 
 The publisher declares ``authentication`` and so takes the CURVE server
-keywords of :mod:`conformance.credentials`; each test draws fresh keys. The
+keywords of :mod:`conformance.testing.credentials`; each test draws fresh keys. The
 suite's honest subscriber and replay client hold the allowed client key and
 pin the publisher's server key. Strangers are a plain SUB and replay DEALER,
 and CURVE ones with a key pair of their own that know the real server key
@@ -20,7 +20,7 @@ import zmq
 
 from conformance.contracts.kv_events.publisher.peers import ReplayClient, Rig, Sub, make_batch
 from conformance.contracts.kv_events.spec import PublisherSpec, accepts
-from conformance.credentials import (
+from conformance.testing.credentials import (
     SERVER_KEYWORDS,
     KeyPair,
     SuiteCredentials,

@@ -1,6 +1,6 @@
 """EVT-11: hostile bytes on the publisher's ports cannot stop it, starve readers or grow it.
 
-Plain TCP clients write the streams of :mod:`conformance.hostile_wire`
+Plain TCP clients write the streams of :mod:`conformance.testing.hostile_wire`
 (random and truncated greetings, garbage NULL and CURVE handshakes, a CURVE
 HELLO with random boxes, a command and a frame announcing 1 GiB followed by
 1 MiB of real bytes) to both the PUB and the replay port, many copies each,
@@ -19,8 +19,13 @@ import pytest
 
 from conformance.contracts.kv_events.publisher.peers import Rig, make_batch
 from conformance.contracts.kv_events.spec import PublisherSpec
-from conformance.credentials import SuiteCredentials, as_client
-from conformance.hostile_wire import OVERSIZE_PAYLOAD, PeakRss, hostile_streams, send_streams
+from conformance.testing.credentials import SuiteCredentials, as_client
+from conformance.testing.hostile_wire import (
+    OVERSIZE_PAYLOAD,
+    PeakRss,
+    hostile_streams,
+    send_streams,
+)
 
 CLAUSE = "EVT-11"
 #: Connections per hostile stream and port.

@@ -1,7 +1,7 @@
 """EVS-10: a subscriber given the publisher's server key refuses an impostor publisher.
 
 The subscriber declares ``authentication`` and so takes the CURVE client
-keywords of :mod:`conformance.credentials`: its own secret key and the
+keywords of :mod:`conformance.testing.credentials`: its own secret key and the
 server key to pin. The suite's fake publisher plays the real publisher
 (a CURVE server holding the matching secret) or an impostor on the
 subscriber's endpoints: a plain one, or a CURVE one with another key. The
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conformance.contracts.kv_events.subscriber.peer import Session, SubscriberSpec
-from conformance.credentials import (
+from conformance.testing.credentials import (
     CLIENT_KEYWORDS,
     KeyPair,
     SuiteCredentials,

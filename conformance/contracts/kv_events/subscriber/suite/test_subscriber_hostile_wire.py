@@ -2,7 +2,7 @@
 subscriber, and the real publisher is heard again once it is back.
 
 The suite's publisher goes away and raw TCP servers take its two ports
-(:class:`conformance.hostile_wire.HostileListener`): every connection the
+(:class:`conformance.testing.hostile_wire.HostileListener`): every connection the
 subscriber makes (libzmq reconnects, the idle resync's replay socket) is
 answered with one of the hostile streams (random and truncated greetings,
 garbage NULL and CURVE handshakes, a frame announcing 1 GiB followed by 1 MiB
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from conformance.contracts.kv_events.subscriber.peer import Session, SubscriberSpec
-from conformance.credentials import SuiteCredentials, as_server
-from conformance.hostile_wire import HostileListener, PeakRss, hostile_streams
+from conformance.testing.credentials import SuiteCredentials, as_server
+from conformance.testing.hostile_wire import HostileListener, PeakRss, hostile_streams
 
 CLAUSE = "EVS-11"
 _WINDOW_S = 2.0
