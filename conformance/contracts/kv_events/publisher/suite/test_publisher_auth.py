@@ -102,3 +102,25 @@ def test_no_secret_key_leaks(kv_publisher_spec: PublisherSpec,
     texts.extend(record.getMessage() for record in caplog.records)
     leaked = secrets_in("\n".join(texts), creds.secret_keys())
     assert not leaked, f"{CLAUSE}: {', '.join(leaked)} appeared in a log, repr or stats()"
+
+
+@pytest.mark.clause(CLAUSE)
+def test_a_restart_with_the_same_keys_serves_authenticated_peers_again(
+    kv_publisher_spec: PublisherSpec,
+) -> None:
+    """After a restart on the same endpoints with the same keys, the authenticated
+    subscriber (reconnected by libzmq) gets the new incarnation's batches; a plain
+    stranger still gets nothing."""
+    _require_authentication(kv_publisher_spec)
+    creds = SuiteCredentials.generate()
+    honest = as_client(creds.client, creds.server.public)
+    with Rig(kv_publisher_spec, clause=CLAUSE, **creds.server_kwargs()) as rig:
+        sub = rig.sub(secure=honest)
+        rig.join(sub)
+        rig.restart()
+        stranger = rig.sub()
+        sub.got.clear()
+        rig.join(sub)
+        stranger.drain(_STRANGER_WINDOW_MS)
+        assert not stranger.got, (f"{CLAUSE}: a plain subscriber received "
+                                  f"{len(stranger.got)} batches after a restart")

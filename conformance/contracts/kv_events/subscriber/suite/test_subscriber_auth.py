@@ -86,3 +86,26 @@ def test_an_impostor_publisher_is_refused(kv_subscriber_spec: SubscriberSpec,
         texts = [repr(session.sub), *(r.getMessage() for r in caplog.records)]
     leaked = secrets_in("\n".join(texts), [creds.client.secret])
     assert not leaked, f"{CLAUSE}: {', '.join(leaked)} appeared in a log or repr"
+
+
+@pytest.mark.clause(CLAUSE)
+def test_the_real_publisher_restarted_with_the_same_keys_is_heard(
+    kv_subscriber_spec: SubscriberSpec,
+) -> None:
+    """A publisher restart (same keys, same endpoints, seq from 0) is authenticated anew
+    and its batches are delivered (EVS-4's restart, with CURVE)."""
+    _require_authentication(kv_subscriber_spec)
+    creds = SuiteCredentials.generate()
+    with Session(kv_subscriber_spec, clause=CLAUSE, fake_secure=as_server(creds.server),
+                 **creds.client_kwargs()) as session:
+        fake = session.fake
+        session.subscribed()
+        for _ in range(_BATCHES):
+            fake.publish()
+        session.drive_until(lambda: len(session.delivered) >= _BATCHES, timeout=5.0,
+                            what="the authenticated publisher's batches")
+        fake.restart(salt=1)
+        session.subscribed()
+        seqs = [fake.publish() for _ in range(_BATCHES)]
+        session.drive_until(lambda: session.seqs()[-_BATCHES:] == seqs, timeout=5.0,
+                            what="the batches of the publisher restarted with the same keys")
