@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from conformance.clauses import Clause
-from conformance.contracts import CLAUSES
+from conformance.contracts import CLAUSES, DEFAULT_CONTRACT
 from conformance.errors import CallBlocked
 from conformance.supervision.reruns import Tally
 
@@ -268,7 +268,7 @@ class RunReport:
     #: Configuration warnings of the run (e.g. xfail entries that matched nothing).
     warnings: list[str] = field(default_factory=list)
     #: The contract checked (:mod:`conformance.contracts`).
-    contract: str = "p2p"
+    contract: str = DEFAULT_CONTRACT
 
     @property
     def failed(self) -> bool:
@@ -310,13 +310,13 @@ class ReplayContext:
     profile: str
     seed: int | str | None
     chaos: bool = False
-    contract: str = "p2p"
+    contract: str = DEFAULT_CONTRACT
 
     def commands(self, k_expr: str) -> tuple[str, str]:
         """``(zmq-conformance command, pytest command)`` rerunning ``k_expr``."""
         cli = ["zmq-conformance", "run"]
         plain = ["pytest", "--zmq-conformance-only"]
-        if self.contract != "p2p":
+        if self.contract != DEFAULT_CONTRACT:
             cli += ["--contract", self.contract]
             plain += ["--zmq-contract", self.contract]
         if self.transport:
