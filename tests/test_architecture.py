@@ -159,7 +159,7 @@ def _layer(module: str) -> int | None:
         return 1
     if module == REGISTRY:
         return 2
-    if (module.startswith(("conformance.config", "conformance.reporting"))
+    if (module.startswith(("conformance.config", "conformance.reporting", "conformance.drivers"))
             or module in ("conformance.selfcheck", "conformance.selfcheck.mutants")):
         return 3
     if _family(module) is not None:

@@ -11,6 +11,7 @@ import pytest
 
 from conformance import contracts
 from conformance.config import profiles
+from conformance.reporting import run_output
 from conformance.supervision import postmortem, reruns
 
 __all__ = ["add_options", "reruns_count"]
@@ -31,6 +32,10 @@ def add_options(parser: pytest.Parser) -> None:
                     help="factory of the implementation under test, shaped as the contract "
                          "needs (implies --zmq-conformance); default: ini zmq_transport, "
                          "$ZMQ_CONFORMANCE_TRANSPORT, the contract's reference")
+    group.addoption("--zmq-driver", metavar="CMD", default=None,
+                    help="a driver command to test instead of MODULE:ATTR, for an "
+                         "implementation in any language (implies --zmq-conformance; "
+                         "docs/drivers.md); default: ini zmq_driver, $ZMQ_CONFORMANCE_DRIVER")
     group.addoption("--zmq-capability", metavar="NAME=VALUE", action="append", default=[],
                     help="declare a capability of the transport (repeatable), e.g. "
                          "heartbeat_ivl_ms=1000")
@@ -61,10 +66,19 @@ def add_options(parser: pytest.Parser) -> None:
                     help="write per-clause verdicts as JUnit XML (one testcase per clause)")
     group.addoption("--zmq-report-markdown", metavar="PATH", default=None,
                     help="write per-clause verdicts as a Markdown report")
+    group.addoption("--zmq-verdicts", metavar="PATH", default=None,
+                    help="write the JSON verdicts for a supervising process (as "
+                         "--zmq-report-json, but not announced as a report)")
+    group.addoption("--zmq-progress", choices=run_output.PROGRESS_MODES, default="off",
+                    help="per-clause progress while the run goes: a live line (live), a line "
+                         "per finished clause (lines), live on a terminal else lines (auto), "
+                         "or pytest's own (off, the default)")
     parser.addini("zmq_conformance", "run the conformance suite in every session",
                   type="bool", default=False)
     parser.addini("zmq_contract", "the contract to check (default p2p)", default="")
     parser.addini("zmq_transport", "MODULE:ATTR of the implementation under test", default="")
+    parser.addini("zmq_driver", "driver command of the implementation under test "
+                  "(docs/drivers.md)", default="")
     parser.addini("zmq_capabilities", "capabilities of the transport, one NAME=VALUE per line",
                   type="linelist", default=[])
     parser.addini("zmq_profile", "depth profile of the suite (ci, dev, thorough)", default="")

@@ -76,6 +76,7 @@ def configure(config: pytest.Config) -> State:
     state.opted_in = state.only or bool(
         config.getoption("zmq_conformance")
         or config.getoption("zmq_transport")
+        or config.getoption("zmq_driver")
         or config.getini("zmq_conformance")
     )
     state.chaos = bool(config.getoption("zmq_chaos"))
@@ -86,6 +87,7 @@ def configure(config: pytest.Config) -> State:
     if state.opted_in:
         spec = selection.spec_from_config(config)
         state.transport = spec.name
+        _preflight(config, state.contract, spec)
         explicit = config.getoption("zmq_suite") or []
         state.suite_dirs = selection.suite_paths(
             chaos=state.chaos, explicit=explicit, base=config.invocation_params.dir,
@@ -99,6 +101,13 @@ def configure(config: pytest.Config) -> State:
             _load_plugin(config, selection.CHAOS_FIXTURES, "--zmq-chaos")
         collection.extend_args(config, only=state.only, suite_dirs=state.suite_dirs)
     return state
+
+
+def _preflight(config: pytest.Config, contract: str, spec: Any) -> None:
+    """The contract's check that its clauses can be judged at all (once, in the controller)."""
+    check = contracts.get(contract).preflight
+    if check and not hasattr(config, "workerinput") and not config.option.collectonly:
+        contracts.resolve(check)(spec)
 
 
 def _load_plugin(config: pytest.Config, module: str, option: str) -> None:

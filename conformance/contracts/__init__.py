@@ -13,7 +13,9 @@ entry below, pointing at its family package under ``conformance/contracts/``:
   (PUB + replay ROUTER), the publisher under test (EVT) or the consumer under
   test (EVS);
 - ``control`` (:mod:`conformance.contracts.control`): the worker/server control
-  channel, request/reply with PING heartbeats (CTL).
+  channel, request/reply with PING heartbeats (CTL);
+- ``engine-pipeline`` (:mod:`conformance.contracts.engine_pipeline`): API
+  servers and EngineCore processes (vllm-v1 profile), PIPE.
 
 Everything a run needs is named by string (``MODULE:ATTR`` or package name)
 and imported only when used, so importing this module stays cheap and never
@@ -29,6 +31,7 @@ from typing import Any, Final
 
 from conformance.clauses import Clause, merge
 from conformance.contracts.control.clauses import CLAUSES as _CONTROL
+from conformance.contracts.engine_pipeline.clauses import CLAUSES as _PIPELINE
 from conformance.contracts.kv_events.publisher.clauses import CLAUSES as _PUBLISHER
 from conformance.contracts.kv_events.subscriber.clauses import CLAUSES as _SUBSCRIBER
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P
@@ -66,9 +69,19 @@ class Contract:
         factory_shape: the call the suite makes, for error messages.
         probe: arguments (positional, keyword) the factory must accept; a
             factory whose signature cannot bind them does not fit.
+        objects: the implementation may be a plain object (not callable),
+            e.g. one with ``server``/``client`` attributes.
+        preflight: ``MODULE:ATTR`` of ``preflight(spec)``, run once per session
+            before any test (in the xdist controller); it raises
+            :class:`ConfigError` when no clause can be judged (a wire profile
+            mismatch), which ends the run as a usage error with its message.
         nodes: ``MODULE:ATTR`` of ``nodes_spec(spec, mode, *, option)``, which
             applies a ``--nodes`` / ``--zmq-nodes`` choice (:data:`NODE_MODES`)
             to a spec; ``None``: the contract's nodes run in the test process only.
+        driver: ``MODULE:ATTR`` of ``proxy(command, hello)``, the factory (or
+            implementation object) that puts a driver process in place of a
+            Python implementation (``--driver``, :mod:`conformance.drivers`);
+            empty while the contract has no driver bridge.
     """
 
     name: str
@@ -83,7 +96,10 @@ class Contract:
     capabilities: str
     factory_shape: str
     probe: tuple[tuple[Any, ...], Mapping[str, Any]] = field(default=((), {}))
+    objects: bool = False
+    preflight: str = ""
     nodes: str | None = None
+    driver: str = ""
 
     def spec_builder(self) -> Callable[..., Any]:
         builder: Callable[..., Any] = resolve(self.make_spec)
@@ -117,6 +133,7 @@ _P2P_CONTRACT = Contract(
     factory_shape="factory(local_id: str, host: str, port: int)",
     probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
     nodes="conformance.contracts.p2p.process_nodes:nodes_spec",
+    driver="conformance.contracts.p2p.driver:TransportFactory",
 )
 
 _PUBLISHER_CONTRACT = Contract(
@@ -132,6 +149,7 @@ _PUBLISHER_CONTRACT = Contract(
     capabilities="conformance.contracts.kv_events.spec:PublisherCapabilities",
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
+    driver="conformance.contracts.kv_events.driver:PublisherFactory",
 )
 
 _SUBSCRIBER_CONTRACT = Contract(
@@ -147,6 +165,7 @@ _SUBSCRIBER_CONTRACT = Contract(
     capabilities="conformance.contracts.kv_events.spec:SubscriberCapabilities",
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
+    driver="conformance.contracts.kv_events.driver:SubscriberFactory",
 )
 
 _CONTROL_CONTRACT = Contract(
@@ -164,12 +183,33 @@ _CONTROL_CONTRACT = Contract(
     "client(endpoint, *, heartbeat_ivl_ms, heartbeat_timeout_ms, request_timeout_ms, "
     "register), or a callable of no arguments returning one",
     probe=((), {}),
+    driver="conformance.contracts.control.driver:ControlDriver",
+    objects=True,
+    preflight="conformance.contracts.control.preflight:check_profile",
+)
+
+_PIPELINE_CONTRACT = Contract(
+    name="engine-pipeline",
+    title="API server <-> EngineCore pipeline (vllm-v1: ROUTER/DEALER, PUSH/PULL, aux frames)",
+    clauses=_PIPELINE,
+    suite=("conformance.contracts.engine_pipeline.suite",),
+    chaos_suite=("conformance.contracts.engine_pipeline.chaos_suite",),
+    default_factory="reference_impl.engine_pipeline:REFERENCE",
+    mutants="conformance.contracts.engine_pipeline.mutants:CATALOG",
+    fixture="pipeline_spec",
+    make_spec="conformance.contracts.engine_pipeline.spec:make_spec",
+    capabilities="conformance.contracts.engine_pipeline.spec:PipelineCapabilities",
+    factory_shape="an object with factories engine(addresses, *, engine_index, model) and/or "
+    "client(addresses, *, client_index, client_count, engine_indices), or a callable of no "
+    "arguments returning one",
+    probe=((), {}),
 )
 
 #: Every contract by name, in the order ``list`` shows them.
 CONTRACTS: Final[dict[str, Contract]] = {
     c.name: c
-    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT)
+    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT,
+              _PIPELINE_CONTRACT)
 }
 DEFAULT_CONTRACT: Final = "p2p"
 #: Where a contract's nodes may run (``--nodes`` / ``--zmq-nodes``); ``process``
@@ -177,7 +217,7 @@ DEFAULT_CONTRACT: Final = "p2p"
 NODE_MODES: Final = ("inprocess", "process")
 
 #: Every clause of every contract, contract by contract; an ID claimed twice is an error.
-CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL))
+CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL, _PIPELINE))
 
 
 def clause(clause_id: str) -> Clause:

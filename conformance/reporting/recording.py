@@ -24,11 +24,19 @@ from conformance.reporting.verdicts import (
     counterexample,
     find_blocked,
     phase_outcome,
+    strip_hypothesis_notes,
 )
 from conformance.reporting.xfail import XFAIL_KEY
 from conformance.supervision import postmortem, reruns
 
 __all__ = ["Recorder", "annotate"]
+
+
+def find_crashed(exc: BaseException | None) -> BaseException | None:
+    """The driver crash (:class:`conformance.drivers.DriverCrashed`) in ``exc``, if any."""
+    from conformance.drivers import find_crashed as find
+
+    return find(exc)
 
 
 def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
@@ -39,8 +47,11 @@ def annotate(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.Test
         return
     exc = call.excinfo.value if call.excinfo is not None else None
     if report.failed and exc is not None:
+        crashed = find_crashed(exc)
         blocked = find_blocked(exc)
-        if blocked is not None:
+        if crashed is not None:  # a driver process died: the verdict is crashed
+            report.user_properties.append(("zmq_crashed", str(crashed)))
+        elif blocked is not None:
             report.user_properties.append(("zmq_blocked", str(blocked)))
         report.user_properties.append(("zmq_counterexample", counterexample(exc)))
         blamed = blamed_clauses(exc)
@@ -151,6 +162,9 @@ class Recorder:
         state.written = write_reports(
             state.report, **{k: (base / v if v else None) for k, v in paths.items()}
         )
+        verdicts_path = config.getoption("zmq_verdicts")
+        if verdicts_path:  # the CLI's own channel: written, not listed as a report
+            write_reports(state.report, json_path=base / verdicts_path)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         state = self.state
@@ -160,7 +174,9 @@ class Recorder:
 
 
 def _skip_reason(report: pytest.TestReport) -> str | None:
+    """The reason a test gave for skipping, without the notes Hypothesis appends to it
+    ("Failing explicit example: ..." when an ``@example`` skipped)."""
     longrepr: Any = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
+        return strip_hypothesis_notes(str(longrepr[2]).removeprefix("Skipped: "))
     return None

@@ -229,6 +229,8 @@ class Rig:
         self.raised = 0
         self.peers: list[Sub | ReplayClient] = []
         self.publisher: Any = None
+        #: Time ``publish()`` has cost its caller so far (see :meth:`_caller_time`).
+        self.publish_seconds = 0.0
         self.incarnation = 0
         self._encodable_cache: dict[int, tuple[KVEventBatch, bool]] = {}
         try:
@@ -263,6 +265,7 @@ class Rig:
         ``track=False`` leaves the batch out of the model (a test that expects
         shedding, where seqs cannot be matched to batches, counts by itself).
         """
+        started = time.perf_counter()
         try:
             watchdog.call("publish()", self.publisher.publish, batch)
         except AssertionError:
@@ -270,6 +273,8 @@ class Rig:
         except Exception:
             self.raised += 1
             return False
+        finally:
+            self.publish_seconds += self._caller_time(time.perf_counter() - started)
         if not track:
             return True
         if not self._encodable(batch):
@@ -277,6 +282,13 @@ class Rig:
             return True
         self.model.append(batch)
         return True
+
+    def _caller_time(self, wall: float) -> float:
+        """What the last ``publish()`` cost its caller: the implementation's own time where
+        a driver measured it around the call (``last_call_seconds``, see
+        :mod:`conformance.drivers`), else the wall time of the call here."""
+        measured = getattr(self.publisher, "last_call_seconds", None)
+        return float(measured) if isinstance(measured, float) else wall
 
     def _encodable(self, batch: KVEventBatch) -> bool:
         known = self._encodable_cache.get(id(batch))
