@@ -48,6 +48,8 @@ class ServerFactory:
     def __init__(self, command: str, hello: Hello) -> None:
         self.driver_command = command
         self.zmq_conformance_capabilities = dict(hello.capabilities)
+        # The driver protocol carries no CURVE keys for control yet: CTL-8 is not claimed.
+        self.zmq_conformance_capabilities["authentication"] = False
         self.__signature__ = signature(("endpoint", "handlers"), ())
 
     def __call__(self, endpoint: str, handlers: Mapping[str, Callable[..., Any]]) -> DriverServer:
