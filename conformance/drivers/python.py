@@ -304,7 +304,9 @@ class _Service:
             holder = _Server()
             handlers = {kind: python_handler(behaviour, holder.note)
                         for kind, behaviour in dict(args["handlers"]).items()}
-            holder.server = side(args["endpoint"], handlers)
+            curve = {k: args[k] for k in ("curve_server_secret_key", "curve_allowed_client_keys")
+                     if k in args}
+            holder.server = side(args["endpoint"], handlers, **curve)
             return {"handle": self._new("server", holder)}
         register = args.pop("register", None)
         obj = side(args.pop("endpoint"), register=tuple(register) if register else None, **args)
