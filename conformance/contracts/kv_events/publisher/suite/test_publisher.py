@@ -24,9 +24,11 @@ from conformance.contracts.kv_events.publisher.peers import (
     PATIENCE_S,
     ReplayClient,
     Rig,
+    decode_as,
     free_ports,
     make_batch,
     tcp,
+    ts_of,
 )
 from conformance.contracts.kv_events.spec import PublisherSpec, accepts
 from conformance.profiles import suite_settings
@@ -35,7 +37,7 @@ from reference_impl.kv_events.schema import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
-    decode_batch,
+    SchemaError,
     encode_batch,
 )
 
@@ -119,7 +121,7 @@ def test_reading_subscribers_get_every_batch_once_in_order(
                 gone = None
         for sub in subs:
             rig.wait_all(sub, pump=lambda: [s.drain() for s in subs])
-            rig.check_stream(sub, clause="EVT-2")
+            rig.check_order(sub, clause="EVT-2")
 
 
 # -- EVT-3 -----------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def test_publish_never_blocks_without_or_with_a_stalled_subscriber(
             if len(rig.model) % 200 == 0:
                 reader.drain()
         rig.wait_all(reader)
-        rig.check_stream(reader, clause="EVT-3")
+        rig.check_order(reader, clause="EVT-3")
 
 
 @pytest.mark.clause("EVT-3")
@@ -162,8 +164,8 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
     takes. What is shed is reported (publish() raised, or stats()["dropped"]), and what
     is published stays in order."""
     if not accepts(kv_publisher_spec.factory, "max_queue"):
-        pytest.skip("EVT-3 full queue: the factory takes no max_queue keyword, so the suite "
-                    "cannot make its queue small")
+        pytest.skip("The factory takes no max_queue keyword, so the suite cannot make its "
+                    "queue small enough to fill.")
     heavy = _heavy_batch()
     encoding: Any = kv_publisher_spec.encoding
     started = time.perf_counter()
@@ -190,7 +192,7 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         # or shed, and the counters are final.
         deadline = time.monotonic() + PATIENCE_S
         markers: set[float] = set()
-        while not (reader.got and decode_batch(reader.got[-1][2], encoding).ts in markers):
+        while not (reader.got and ts_of(reader.got[-1][2]) in markers):
             assert time.monotonic() < deadline, "EVT-3: the publisher stopped publishing"
             marker = make_batch()
             if rig.publish(marker, track=False):
@@ -200,8 +202,8 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         seqs = [int.from_bytes(m[1], "big") for m in reader.got]
         gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
         assert not gaps, f"EVT-3: seq {gaps[0][0]} then {gaps[0][1]}: shedding left a gap"
-        stamps = [decode_batch(m[2], encoding).ts for m in reader.got]
-        burst_stamps = [t for t in stamps if t >= 10**9]
+        stamps = [ts_of(m[2]) for m in reader.got]
+        burst_stamps = [t for t in stamps if t is not None and t >= 10**9]
         assert burst_stamps == sorted(burst_stamps), "EVT-3: shed batches reordered the rest"
         dropped = int(rig.stats().get("dropped", 0)) - int(before.get("dropped", 0))
         assert seqs[-1] + 1 + dropped == accepted, (
@@ -220,28 +222,13 @@ def _publish_and_settle(rig: Rig, count: int) -> None:
     for _ in range(count):
         rig.publish(make_batch())
     rig.wait_all(sub)
+    rig.observe(sub)
     rig.drop(sub)
 
 
 def _check_replay(rig: Rig, client: ReplayClient, start: int, clause: str,
                   retained: int | None) -> None:
-    newest = len(rig.model) - 1
-    answers, ended = client.read(clause=clause, newest=newest)
-    oldest = 0 if retained is None else max(0, newest - retained + 1)
-    first = max(start, oldest)
-    want = list(range(first, newest + 1))
-    got = [seq for seq, _ in answers]
-    assert ended, (
-        f"{clause}: replay from {start} got {len(answers)} answers (seqs {got[:5]}...) and no "
-        f"end marker [b'', -1 (8 bytes, signed), b'']"
-    )
-    assert got == want, (
-        f"{clause}: replay from {start} (retained {oldest}..{newest}) answered seqs "
-        f"{got[:8]}{'...' if len(got) > 8 else ''}, expected {want[:8]}"
-        f"{'...' if len(want) > 8 else ''}"
-    )
-    for seq, payload in answers:
-        rig.check_message((rig.topic.encode(), seq.to_bytes(8, "big"), payload))
+    rig.check_replay(client, start, clause, retained)
 
 
 @pytest.mark.clause("EVT-4")
@@ -266,7 +253,8 @@ def test_replay_older_than_retention_starts_at_the_oldest(
     """More batches than retained: a replay from 0 starts at the oldest retained one."""
     retained = kv_publisher_spec.buffer_steps
     if retained is None:
-        pytest.skip("EVT-4 retention: declare buffer_steps (or take a buffer_steps keyword)")
+        pytest.skip("The retention edge needs the publisher's retention: declare "
+                    "buffer_steps, or take a buffer_steps keyword.")
     with _rig(kv_publisher_spec, "EVT-4") as rig:
         _publish_and_settle(rig, retained + 17)
         client = rig.replay_client()
@@ -285,7 +273,8 @@ def test_slow_reader_gets_all_of_a_replay_or_no_end_marker(
     reading for 0.7 s and then drains: an end marker only after every batch."""
     if (not accepts(kv_publisher_spec.factory, "buffer_steps")
             and (kv_publisher_spec.buffer_steps or 0) < 2500):
-        pytest.skip("EVT-5: needs a retention of 2500 batches (a buffer_steps keyword)")
+        pytest.skip("A slow replay reader needs a retention of 2500 batches: take a "
+                    "buffer_steps keyword, or declare buffer_steps of 2500 or more.")
     with _rig(kv_publisher_spec, "EVT-5", buffer_steps=2500,
               replay_stall_timeout_ms=3000) as rig:
         reader = rig.sub()
@@ -362,9 +351,10 @@ def test_hostile_replay_requests_stop_nothing(kv_publisher_spec: PublisherSpec,
         for _ in range(5):
             rig.publish(make_batch())
         rig.wait_all(reader)
-        rig.check_stream(reader, clause="EVT-6")
+        rig.check_order(reader, clause="EVT-6")
+        rig.observe(reader)
         honest = rig.replay_client()
-        start = len(rig.model) - 3
+        start = (rig.offset or 0) + len(rig.model) - 3
         honest.request(start)
         _check_replay(rig, honest, start, "EVT-6", kv_publisher_spec.buffer_steps)
 
@@ -392,20 +382,25 @@ def test_shutdown_is_bounded_delivers_the_queue_and_releases_everything(
             rig.publish(make_batch(events=3, tokens=256))
         took = rig.shutdown(limit=bound + 2.0)
         assert took <= bound, f"EVT-7: shutdown() took {took:.2f} s, bound {bound:.2f} s"
+        bound_still = rig.still_bound()
+        assert not bound_still, (
+            f"EVT-7: {', '.join(bound_still)} still bound after shutdown() returned: the "
+            f"sockets were not released (a restart on the same configuration fails with "
+            f"EADDRINUSE)"
+        )
         stats = rig.stats()
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and (
-            not reader.got or int.from_bytes(reader.got[-1][1], "big") < len(rig.model) - 1
-        ):
+        while time.monotonic() < deadline and not rig.arrived(reader, len(rig.model) - 1):
             reader.drain(20)
-        published = int.from_bytes(reader.got[-1][1], "big") + 1
+        arrived = [i for i in (rig.index_of(m[2]) for m in reader.got) if i is not None]
+        published = max(arrived) + 1 if arrived else 0
         reported = int(stats.get("undelivered", 0)) + int(stats.get("dropped", 0))
         assert published + reported >= len(rig.model), (
             f"EVT-7: {len(rig.model)} batches accepted, {published} published before "
             f"shutdown() returned, {reported} reported undelivered: "
             f"{len(rig.model) - published - reported} dropped silently"
         )
-        rig.check_stream(reader, clause="EVT-7")
+        rig.check_order(reader, clause="EVT-7")
         try:
             rig.publisher.publish(make_batch())
         except Exception:
@@ -430,9 +425,9 @@ def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
     vLLM's defaults 5557/5558) all start, bind distinct endpoints, and each serves its
     own stream."""
     if not kv_publisher_spec.data_parallel:
-        pytest.skip("EVT-8: the factory takes no data_parallel_rank keyword (declare "
-                    "data_parallel)")
-    encoding: Any = kv_publisher_spec.encoding
+        pytest.skip("The factory takes no data_parallel_rank keyword and does not declare "
+                    "data_parallel.")
+    profile = kv_publisher_spec.profile
     base = free_ports(2 * ranks + 2, consecutive=True)[0]
     endpoint, replay = tcp(base), tcp(base + 1)
     publishers: list[Any] = []
@@ -467,7 +462,10 @@ def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
                 watchdog.call("publish()", publishers[rank].publish, batch)
                 if sub.poll(20):
                     got = sub.recv_multipart()
-            decoded = decode_batch(got[2], encoding)
+            try:
+                decoded = decode_as(got[2], profile)
+            except SchemaError as exc:
+                raise AssertionError(f"EVT-8: rank {rank}'s batch {exc}") from None
             assert decoded.data_parallel_rank in (None, rank), (
                 f"EVT-8: rank {rank}'s endpoint {pub_ep} carries batches of rank "
                 f"{decoded.data_parallel_rank}"
