@@ -236,9 +236,11 @@ class KVEventPublisher:
         self.topic = topic
         self.encoding: Encoding = encoding
         self.replay_layout: ReplayLayout = replay_layout
-        #: Frames between the delimiter and the seq of a replay answer (the topic, or none).
+        #: Frames between the delimiter and the seq of a replay answer (the topic, or
+        #: none), and of the end marker (an empty topic, or none).
         self._replay_prefix: tuple[bytes, ...] = (
             (topic.encode(),) if replay_layout == "topic-seq-payload" else ())
+        self._end_prefix: tuple[bytes, ...] = (b"",) * len(self._replay_prefix)
         self.buffer_steps = buffer_steps
         self.max_queue = max_queue
         self.data_parallel_rank = data_parallel_rank
@@ -472,8 +474,7 @@ class KVEventPublisher:
         timeout: int | None = None
         now = time.monotonic()
         send = self._router.send
-        prefix = self._replay_prefix
-        end = (b"",) * len(prefix)
+        prefix, end = self._replay_prefix, self._end_prefix
         for identity in list(jobs):
             job = jobs[identity]
             sent = 0

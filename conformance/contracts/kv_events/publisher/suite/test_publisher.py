@@ -1,4 +1,4 @@
-"""EVT-1 .. EVT-8: the publisher under test against raw-socket subscribers and replay clients.
+"""EVT-1 .. EVT-9: the publisher under test against raw-socket subscribers and replay clients.
 
 Each test builds a fresh publisher on fresh ports (:class:`Rig`), plays its
 peers with plain pyzmq sockets and compares what arrives with the model of
@@ -40,6 +40,7 @@ from reference_impl.kv_events.schema import (
     SchemaError,
     encode_batch,
 )
+from reference_impl.kv_events.wire import validate_payload
 
 # -- strategies -------------------------------------------------------------------------
 
@@ -57,7 +58,36 @@ _stored = st.builds(
 )
 _removed = st.builds(BlockRemoved, block_hashes=st.lists(_hashes, min_size=1, max_size=4),
                      medium=_medium)
-_event = st.one_of(_stored, _removed, st.just(AllBlocksCleared()))
+_opt_text = st.one_of(st.none(), st.text(max_size=6))
+_opt_small = st.one_of(st.none(), st.integers(0, 64))
+#: Events with the fields later schema versions added (the suite cuts each batch down to
+#: the declared version before publishing it).
+_stored_later = st.builds(
+    BlockStored,
+    block_hashes=st.lists(_hashes, min_size=1, max_size=3),
+    parent_block_hash=st.one_of(st.none(), _hashes),
+    token_ids=st.lists(st.integers(0, 2**31 - 1), max_size=8),
+    block_size=st.integers(1, 256),
+    lora_id=st.one_of(st.none(), st.integers(0, 1000)),
+    medium=_medium,
+    lora_name=_opt_text,
+    extra_keys=st.one_of(st.none(), st.lists(st.one_of(
+        st.none(), st.lists(st.one_of(st.text(max_size=4), st.integers(0, 9)), max_size=2)),
+        max_size=3)),
+    group_idx=_opt_small,
+    kv_cache_spec_kind=_opt_text,
+    kv_cache_spec_sliding_window=_opt_small,
+    locality=_opt_text,
+    ownership=_opt_text,
+    session_id=_opt_text,
+    lookahead_token_ids=st.one_of(st.none(), st.lists(
+        st.lists(st.integers(0, 2**31 - 1), max_size=3), max_size=2)),
+)
+_removed_later = st.builds(BlockRemoved, block_hashes=st.lists(_hashes, min_size=1, max_size=3),
+                           medium=_medium, group_idx=_opt_small, locality=_opt_text,
+                           ownership=_opt_text)
+_event = st.one_of(_stored, _removed, _stored_later, _removed_later,
+                   st.just(AllBlocksCleared()))
 batches = st.builds(
     KVEventBatch,
     ts=st.floats(allow_nan=False, allow_infinity=False),
@@ -476,3 +506,71 @@ def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
             watchdog.call("shutdown()", publisher.shutdown)
         ctx.destroy(0)
 
+
+
+# -- EVT-9 -------------------------------------------------------------------------------
+
+
+def _every_field_set() -> KVEventBatch:
+    """A batch whose events set every field any schema version defines (non-nil)."""
+    stored = BlockStored(block_hashes=[7, b"\x01\x02"], parent_block_hash=6, token_ids=[1, 2],
+                         block_size=2, lora_id=3, medium="GPU", lora_name="adapter",
+                         extra_keys=[["salt"], None], group_idx=1, kv_cache_spec_kind="full",
+                         kv_cache_spec_sliding_window=128, locality="LOCAL", ownership="s1",
+                         session_id="s1", lookahead_token_ids=[[5], [6]])
+    removed = BlockRemoved(block_hashes=[7], medium="CPU", group_idx=1, locality="REMOTE",
+                           ownership="s1")
+    return KVEventBatch(ts=make_batch().ts, events=[stored, removed, AllBlocksCleared()])
+
+
+def _nothing_optional() -> KVEventBatch:
+    """A batch whose events leave every optional field unset and every nullable one nil."""
+    stored = BlockStored(block_hashes=[8], parent_block_hash=None, token_ids=[], block_size=1,
+                         lora_id=None, medium=None)
+    return KVEventBatch(ts=make_batch().ts, events=[stored, BlockRemoved([8], None)])
+
+
+def _check_payloads(rig: Rig, sub: Any) -> None:
+    profile = rig.profile
+    for _topic, seq_frame, payload in sub.got:
+        problem = validate_payload(payload, profile)
+        assert problem is None, (
+            f"EVT-9: the batch under seq {int.from_bytes(seq_frame, 'big')} is not "
+            f"{profile.describe()}: {problem}"
+        )
+
+
+@pytest.mark.clause("EVT-9")
+def test_declared_profile_is_exact(kv_publisher_spec: PublisherSpec) -> None:
+    """A batch with every field of the declared schema version set, one with every
+    optional field left out: the PUB payloads and every replay answer are exactly the
+    declared profile (encoding, schema version, replay layout, the live stream's topic
+    in the topic frame, an empty one in the end marker)."""
+    profile = kv_publisher_spec.profile
+    with _rig(kv_publisher_spec, "EVT-9") as rig:
+        sub = rig.sub()
+        rig.join(sub)
+        for batch in (_every_field_set(), _nothing_optional(), make_batch()):
+            rig.publish(batch)
+        rig.wait_all(sub)
+        _check_payloads(rig, sub)
+        client = rig.replay_client()
+        client.request(0)
+        client.read(clause="EVT-9")
+        assert client.answers, "EVT-9: a replay from 0 got no answer"
+        topic = rig.topic.encode()
+        for answer in client.answers:
+            what = "the end marker" if answer.is_end else f"the replay answer of seq {answer.seq}"
+            assert answer.layout == profile.replay_layout, (
+                f"EVT-9: {what} is in layout {answer.layout}, declared "
+                f"wire={profile.replay_layout}"
+            )
+            if answer.topic is not None:
+                want = b"" if answer.is_end else topic
+                assert answer.topic == want, (
+                    f"EVT-9: {what} carries topic frame {answer.topic!r}, expected {want!r} "
+                    f"(the live stream's topic; empty in the end marker)"
+                )
+            if not answer.is_end:
+                problem = validate_payload(answer.payload, profile)
+                assert problem is None, f"EVT-9: {what} is not {profile.describe()}: {problem}"
