@@ -46,7 +46,7 @@ def _raw_loop(
     """Round trips per second between a raw client and a raw server polled in a
     thread: ``answer`` reads one request and replies, ``round_trip`` sends
     request ``n`` and waits for its reply."""
-    from conformance.harness import free_port
+    from conformance.testing.net import free_port
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     endpoint = f"tcp://127.0.0.1:{free_port()}"
@@ -123,7 +123,7 @@ def _raw_router_round_trips(seconds: float) -> float:
 
 def _reference_round_trips(seconds: float) -> float:
     """The same loop through the reference client and server."""
-    from conformance.harness import free_port
+    from conformance.testing.net import free_port
     from reference_impl.control import ControlClient, ControlServer
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"

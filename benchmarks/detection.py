@@ -15,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks._stats import Spread
-from conformance.spec import SUITE_HEARTBEAT_IVL_MS as INTERVAL_MS
-from conformance.spec import SUITE_HEARTBEAT_TIMEOUT_MS as TIMEOUT_MS
+from conformance.contracts.p2p.spec import SUITE_HEARTBEAT_IVL_MS as INTERVAL_MS
+from conformance.contracts.p2p.spec import SUITE_HEARTBEAT_TIMEOUT_MS as TIMEOUT_MS
 
 
 def _trial(spec: Any, toxiproxy: Any) -> list[float]:
-    from chaos.topology import ChaosCluster
     from conformance.contracts.p2p.chaos_suite._support import watch_deaths
-    from conformance.harness import handshake, receive
+    from conformance.contracts.p2p.harness import handshake, receive
+    from conformance.contracts.p2p.topology import ChaosCluster
 
     with ChaosCluster(spec, toxiproxy) as cluster:
         a, b = cluster.add_node("a"), cluster.add_node("b")
@@ -37,7 +37,7 @@ def _trial(spec: Any, toxiproxy: Any) -> list[float]:
 
 def run(trials: int = 15, progress: Callable[[str], None] = print) -> dict[str, Any]:
     from chaos.proxy import Toxiproxy
-    from conformance.spec import spec_from_path
+    from conformance.contracts.p2p.spec import spec_from_path
 
     spec = spec_from_path("reference_impl:ZmqTransport")
     samples: list[float] = []

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks._stats import Spread
-from conformance.spec import SUITE_HEARTBEAT_IVL_MS as INTERVAL_MS
-from conformance.spec import SUITE_HEARTBEAT_TIMEOUT_MS as TIMEOUT_MS
+from conformance.contracts.p2p.spec import SUITE_HEARTBEAT_IVL_MS as INTERVAL_MS
+from conformance.contracts.p2p.spec import SUITE_HEARTBEAT_TIMEOUT_MS as TIMEOUT_MS
 
 #: Detection / timeout targets for a pause.
 TARGET_MEDIAN = (1.0, 1.2)
@@ -46,7 +46,7 @@ def _suite_wall(extra: list[str]) -> float:
 
 
 def _pair(cluster: Any) -> tuple[Any, Any, Any, Any]:
-    from conformance.harness import handshake, receive
+    from conformance.contracts.p2p.harness import handshake, receive
 
     a, b = cluster.add_node("a"), cluster.add_target("b")
     a_out, b_in = handshake(a, b, hello={"hello": "a"})
@@ -56,8 +56,8 @@ def _pair(cluster: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _detection_trial(spec: Any, phase_ms: float) -> float | None:
-    from chaos.process_faults import ProcessCluster
     from conformance.contracts.p2p.chaos_suite._support import watch_deaths
+    from conformance.contracts.p2p.process_faults import ProcessCluster
 
     with ProcessCluster(spec) as cluster:
         a, b, a_out, _ = _pair(cluster)
@@ -72,8 +72,8 @@ def _detection_trial(spec: Any, phase_ms: float) -> float | None:
 
 
 def _short_pause_trial(spec: Any, pause_ms: float) -> list[str]:
-    from chaos.process_faults import ProcessCluster
     from conformance.contracts.p2p.chaos_suite._support import watch_deaths
+    from conformance.contracts.p2p.process_faults import ProcessCluster
 
     with ProcessCluster(spec) as cluster:
         a, b, a_out, b_in = _pair(cluster)
@@ -86,7 +86,7 @@ def _short_pause_trial(spec: Any, pause_ms: float) -> list[str]:
 
 def run(trials: int = 30, repeats: int = 1,
         progress: Callable[[str], None] = print) -> dict[str, Any]:
-    from conformance.spec import spec_from_path
+    from conformance.contracts.p2p.spec import spec_from_path
 
     spec = spec_from_path("reference_impl:ZmqTransport")
     walls: dict[str, list[float]] = {"inprocess": [], "process": []}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Literal
 
 import chaos
-from conformance import lifeline
+from conformance.supervision import lifeline
 
 ENV_URL = "TOXIPROXY_URL"
 BINARY = "toxiproxy-server"

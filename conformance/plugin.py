@@ -1,8 +1,8 @@
 """pytest plugin: the suite's face inside pytest (auto-loaded via ``pytest11``).
 
 The hooks here are thin: they read options, call the plain modules
-(:mod:`conformance.selection`, :mod:`conformance.xfail`,
-:mod:`conformance.verdicts`, :mod:`conformance.reports`) and carry data
+(:mod:`conformance.config.selection`, :mod:`conformance.reporting.xfail`,
+:mod:`conformance.reporting.verdicts`, :mod:`conformance.reporting.reports`) and carry data
 between pytest's phases. The CLI runs pytest with this plugin, so both faces
 share one core.
 
@@ -29,16 +29,16 @@ a user override is in use), ``zmq_blocked``, ``zmq_xpassed`` and
 whose worker died).
 
 A failing clause test is re-run (``--zmq-reruns N``, see
-:mod:`conformance.reruns`) inside the process that ran it, before its
+:mod:`conformance.supervision.reruns`) inside the process that ran it, before its
 reports are logged, so under xdist the tally travels with the reports.
 
 Hangs and crashes the watchdog cannot turn into a verdict are handled by
-:mod:`conformance.postmortem`: every process running suite tests keeps a
+:mod:`conformance.supervision.postmortem`: every process running suite tests keeps a
 sentinel (stall deadline, fatal-signal traces, a journal of the test in
 progress) in a directory the xdist controller hands its workers; when a
 worker dies, the controller reads what it left and reports the test
 ``blocked`` or ``crashed``. Workers also end when their parent dies
-(:mod:`conformance.lifeline`).
+(:mod:`conformance.supervision.lifeline`).
 """
 
 from __future__ import annotations
@@ -56,22 +56,14 @@ from typing import Any
 
 import pytest
 
-from conformance import (
-    contracts,
-    lifeline,
-    postmortem,
-    process_nodes,
-    profiles,
-    reruns,
-    selection,
-    watchdog,
-    xfail,
-)
-from conformance.clauses import CLAUSES
+from conformance import contracts
+from conformance.config import profiles, selection
+from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
+from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
-from conformance.fixtures import zmq_transport_factory, zmq_transport_spec
-from conformance.reports import write_reports
-from conformance.verdicts import (
+from conformance.reporting import xfail
+from conformance.reporting.reports import write_reports
+from conformance.reporting.verdicts import (
     CHAOS_REASON,
     FAILING,
     NO_TEST_REASON,
@@ -84,6 +76,7 @@ from conformance.verdicts import (
     find_blocked,
     phase_outcome,
 )
+from conformance.supervision import cleanup, lifeline, postmortem, reruns, watchdog
 
 __all__ = ["ZmqConformanceWarning", "zmq_transport_factory", "zmq_transport_spec"]
 
@@ -154,7 +147,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="expected failures: lines 'CLAUSE-ID: reason' or 'test-id: reason'")
     group.addoption("--zmq-chaos", action="store_true", default=False,
                     help="also run the chaos clauses (fault injection through toxiproxy)")
-    group.addoption("--zmq-nodes", metavar="MODE", default=None, choices=process_nodes.NODE_MODES,
+    group.addoption("--zmq-nodes", metavar="MODE", default=None, choices=contracts.NODE_MODES,
                     help="where nodes run: inprocess (default) or process (each node in its "
                          "own OS process, driven through execnet; needed by PROC-1..3 only)")
     group.addoption("--zmq-suite", metavar="PATH", action="append", default=[],
@@ -211,7 +204,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    process_nodes.shutdown()
+    cleanup.session_ended()
     recorder = config.pluginmanager.get_plugin(_RECORDER)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)
@@ -290,11 +283,9 @@ def _supervised(
     try:
         return (yield)
     finally:
-        # What the test's transports left open goes before the next test
-        # starts (the test has measured it); harness imports zmq, so only here.
-        from conformance import harness
-
-        harness.release_leftovers()
+        # What the test's implementations left open goes before the next test
+        # starts (the test has measured it): the families' cleanups.
+        cleanup.test_ended()
         sentinel.end()
 
 

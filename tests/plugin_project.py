@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import conformance
-from conformance.cli import _plugin_autoloaded
+from conformance.config.run_args import plugin_autoloaded
 
 REPO_ROOT = Path(conformance.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 120
@@ -97,7 +97,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conformance.errors import CallBlocked
-from conformance.profiles import active, suite_settings
+from conformance.config.profiles import active, suite_settings
 
 
 def _watchdog(call, fn, seconds=0.5):
@@ -204,7 +204,7 @@ def run_pytest(
     project: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``python -m pytest ARGS`` in ``project`` (plugin loaded as users get it)."""
-    plugin = [] if _plugin_autoloaded() else ["-p", "conformance.plugin"]
+    plugin = [] if plugin_autoloaded() else ["-p", "conformance.plugin"]
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin, *args],
         cwd=project, env=_env(env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,

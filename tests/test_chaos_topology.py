@@ -11,10 +11,10 @@ import pytest
 
 from chaos.fixtures import toxiproxy, toxiproxy_reset
 from chaos.proxy import Toxiproxy
-from chaos.topology import ChaosCluster
 from conformance.contracts.p2p.chaos_machine import ChaosModel
-from conformance.harness import handshake, receive, wait_until
-from conformance.spec import TransportSpec, make_spec
+from conformance.contracts.p2p.harness import handshake, receive, wait_until
+from conformance.contracts.p2p.spec import TransportSpec, make_spec
+from conformance.contracts.p2p.topology import ChaosCluster
 from reference_impl import ZmqTransport
 
 __all__ = ["toxiproxy", "toxiproxy_reset"]  # fixtures, re-exported for pytest

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from plugin_project import junit_cases, load_json, make_project, run_cli, verdicts
 
-from conformance.clauses import CLAUSES
 from conformance.cli import main
-from conformance.contracts import CONTRACTS
+from conformance.contracts import CLAUSES, CONTRACTS
 
 TINY = ("run", "--suite", "tiny_suite")
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from conformance import contracts
-from conformance.clauses import CLAUSES
 from conformance.cli import main
+from conformance.config.loading import check_fits, contract_spec_from_path, load_factory
+from conformance.config.selection import parse_capabilities, suite_paths
+from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
-from conformance.selection import parse_capabilities, suite_paths
+from conformance.reporting.verdicts import ReplayContext, RunReport, aggregate
 from conformance.selfcheck.mutants import builtin_catalog, contract_of, load_catalog
-from conformance.spec import check_fits, contract_spec_from_path, load_factory
-from conformance.verdicts import ReplayContext, RunReport, aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ import zmq
 
 from conformance.contracts.control.mutants import CATALOG
 from conformance.contracts.control.spec import load
-from conformance.harness import free_port
+from conformance.testing.net import free_port
 from reference_impl.control import (
     REFERENCE,
     ClientClosed,

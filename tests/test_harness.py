@@ -18,27 +18,21 @@ import pytest
 import zmq
 from hypothesis import given, settings
 
-from conformance import resources, watchdog
-from conformance.errors import CallBlocked
-from conformance.harness import (
-    Cluster,
-    expect_error,
-    free_port,
-    handshake,
-    is_address_in_use,
-    unreachable_address,
-    wait_until,
-)
-from conformance.spec import make_spec
-from conformance.strategies import (
+from conformance.contracts.p2p.harness import Cluster, expect_error, handshake, wait_until
+from conformance.contracts.p2p.spec import make_spec
+from conformance.contracts.p2p.strategies import (
     encoded_size,
-    first_difference,
     hostile_frames,
     hostile_identities,
     is_plausible_peer_id,
     message_of_size,
     messages,
 )
+from conformance.errors import CallBlocked
+from conformance.supervision import watchdog
+from conformance.testing import resources
+from conformance.testing.net import free_port, is_address_in_use, unreachable_address
+from conformance.testing.values import first_difference
 
 # -- fakes for the harness's reactions -------------------------------------
 
@@ -112,7 +106,9 @@ def test_add_node_retries_on_a_taken_port(monkeypatch: pytest.MonkeyPatch) -> No
         squatter.listen(1)
         taken = squatter.getsockname()[1]
         candidates = iter([taken, taken, free_port()])
-        monkeypatch.setattr("conformance.harness.free_port", lambda host="": next(candidates))
+        monkeypatch.setattr(
+            "conformance.contracts.p2p.harness.free_port", lambda host="": next(candidates)
+        )
         with Cluster(make_spec(_FakeTransport)) as cluster:
             node = cluster.add_node("n")
             assert node.port != taken

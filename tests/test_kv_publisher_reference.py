@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from conformance import resources
+from conformance.testing import resources
 from reference_impl.kv_events.publisher import (
     KVEventPublisher,
     PublisherClosedError,

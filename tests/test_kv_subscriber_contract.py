@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from _selfcheck_batch import assert_killed, groups, outcome
 
+from conformance.config.loading import load_factory
 from conformance.contracts.kv_events.subscriber.clauses import CLAUSES, CONTRACT
 from conformance.contracts.kv_events.subscriber.mutants import MUTANTS, SubscriberMutant
 from conformance.contracts.kv_events.subscriber.suite.conftest import ENV_SUBSCRIBER
-from conformance.spec import load_factory
 
 SUITE = Path(__file__).resolve().parents[1] / "conformance/contracts/kv_events/subscriber/suite"
 #: The test of each clause (the one each mutant runs, unless named in _TESTS).

@@ -14,13 +14,13 @@ import time
 
 import pytest
 
-from conformance import resources
 from conformance.contracts.kv_events.subscriber.peer import (
     FakePublisher,
     ReplayRequest,
     Session,
     SubscriberSpec,
 )
+from conformance.testing import resources
 from reference_impl.kv_events.publisher import KVEventPublisher
 from reference_impl.kv_events.schema import BlockStored, Encoding, KVEventBatch
 from reference_impl.kv_events.subscriber import KVEventSubscriber

@@ -23,10 +23,10 @@ import pytest
 from _machine_mutants import DropsFirstMessageAfterRestart
 from hypothesis import Phase
 
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.p2p import transports as catalog
 from conformance.contracts.p2p.machines import ClusterMachine, run_machine
-from conformance.spec import TransportSpec, make_spec
+from conformance.contracts.p2p.spec import TransportSpec, make_spec
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from plugin_project import junit_cases, load_json, make_project, run_pytest, verdicts
 
+from conformance.config.loading import DEFAULT_TRANSPORT, ENV_TRANSPORT
+from conformance.config.selection import choose_transport, suite_paths
 from conformance.contracts.p2p.clauses import CLAUSES
-from conformance.selection import choose_transport, suite_paths
-from conformance.spec import DEFAULT_TRANSPORT, ENV_TRANSPORT
-from conformance.verdicts import CHAOS_REASON, NO_TEST_REASON
+from conformance.reporting.verdicts import CHAOS_REASON, NO_TEST_REASON
 
 TINY = ("--zmq-conformance-only", "--zmq-suite", "tiny_suite")
 

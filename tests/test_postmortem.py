@@ -1,4 +1,4 @@
-"""Reading what a dead worker left (:func:`conformance.postmortem.examine`).
+"""Reading what a dead worker left (:func:`conformance.supervision.postmortem.examine`).
 
 The faulthandler side is exercised end to end by ``test_trust.py``; here the
 files are written by hand, in faulthandler's format, to pin down the parsing.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.postmortem import examine
+from conformance.supervision.postmortem import examine
 
 _NODE = "suite/test_x.py::test_y"
 _RUNNER = '  File "/x/_pytest/runner.py", line 1 in pytest_runtest_call\n'

@@ -1,4 +1,4 @@
-"""Process nodes (conformance.process_nodes): real transports in real child processes.
+"""Process nodes (conformance.contracts.p2p.process_nodes): real transports in child processes.
 
 Every test here drives the reference transport in node processes over real
 TCP. What is checked is the proxy layer: calls and errors cross intact, a
@@ -25,18 +25,10 @@ import psutil
 import pytest
 import zmq
 
-from chaos.process_faults import ProcessCluster
-from conformance import process_nodes, watchdog
-from conformance.errors import CallBlocked, ConfigError
-from conformance.harness import (
-    Cluster,
-    expect_error,
-    handshake,
-    is_address_in_use,
-    receive,
-    wait_until,
-)
-from conformance.process_nodes import (
+from conformance.contracts.p2p import process_nodes
+from conformance.contracts.p2p.harness import Cluster, expect_error, handshake, receive, wait_until
+from conformance.contracts.p2p.process_faults import ProcessCluster
+from conformance.contracts.p2p.process_nodes import (
     NodePaused,
     NodeProcessDied,
     ProcessTransport,
@@ -44,7 +36,10 @@ from conformance.process_nodes import (
     nodes_spec,
     process_spec,
 )
-from conformance.spec import TransportSpec, make_spec, spec_from_path
+from conformance.contracts.p2p.spec import TransportSpec, make_spec, spec_from_path
+from conformance.errors import CallBlocked, ConfigError
+from conformance.supervision import watchdog
+from conformance.testing.net import is_address_in_use
 from reference_impl import ZmqTransport as ZmqTransportForTests
 from reference_impl.p2p.interface import ConnectionDeadError
 
@@ -191,9 +186,9 @@ def test_node_modes_and_unimportable_factories_are_config_errors() -> None:
 
 _CHILD = textwrap.dedent("""
     import sys, time
-    from conformance.harness import Cluster
-    from conformance.process_nodes import live_pids, process_spec
-    from conformance.spec import spec_from_path
+    from conformance.contracts.p2p.harness import Cluster
+    from conformance.contracts.p2p.process_nodes import live_pids, process_spec
+    from conformance.contracts.p2p.spec import spec_from_path
     cluster = Cluster(process_spec(spec_from_path("reference_impl:ZmqTransport")))
     cluster.add_node("a"); cluster.add_node("b")
     print(" ".join(map(str, live_pids())), flush=True)
@@ -226,8 +221,8 @@ def test_interrupted_pytest_run_with_process_nodes_leaves_nothing(tmp_path: Path
     test_file = tmp_path / "test_hang.py"
     test_file.write_text(textwrap.dedent("""
         import time
-        from conformance.harness import Cluster
-        from conformance.process_nodes import live_pids
+        from conformance.contracts.p2p.harness import Cluster
+        from conformance.contracts.p2p.process_nodes import live_pids
 
         def test_hang(zmq_transport_spec):
             with Cluster(zmq_transport_spec) as cluster:

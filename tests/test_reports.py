@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import xfail
-from conformance.clauses import CLAUSES
+from conformance.config.selection import parse_capabilities, parse_capability
+from conformance.contracts import CLAUSES
 from conformance.errors import CallBlocked, ConfigError
-from conformance.reports import render_json, render_junit, render_markdown
-from conformance.selection import parse_capabilities, parse_capability
-from conformance.verdicts import (
+from conformance.reporting import xfail
+from conformance.reporting.reports import render_json, render_junit, render_markdown
+from conformance.reporting.verdicts import (
     CHAOS_REASON,
     NO_TEST_REASON,
     ReplayContext,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from plugin_project import junit_cases, load_json, make_project, run_cli, run_pytest
 
-from conformance.reruns import Tally, fresh_seed
+from conformance.supervision.reruns import Tally, fresh_seed
 
 RACY = '''
 import random
@@ -43,8 +43,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conformance.errors import CallBlocked
-from conformance.harness import Cluster, handshake, receive, unreachable_address
-from conformance.profiles import suite_settings
+from conformance.contracts.p2p.harness import Cluster, handshake, receive
+from conformance.testing.net import unreachable_address
+from conformance.config.profiles import suite_settings
 
 
 @pytest.mark.clause("MSG-2")

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from _selfcheck_batch import session_dir
 
-from conformance.clauses import CLAUSES
+from conformance.config.loading import DEFAULT_TRANSPORT, load_factory
+from conformance.contracts import CLAUSES
 from conformance.contracts.p2p.clauses import CLAUSES as P2P_CLAUSES
 from conformance.contracts.p2p.mutants import CATALOG, FAILURE_MODES, RACY
 from conformance.errors import ConfigError
@@ -30,7 +31,6 @@ from conformance.selfcheck.mutants import (
     load_extra,
     validate,
 )
-from conformance.spec import DEFAULT_TRANSPORT, load_factory
 
 ROOT = Path(__file__).resolve().parents[1]
 NON_CHAOS = [m for m in CATALOG if not m.chaos]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from chaos.toxiproxy_server.errors import ApiError
 from chaos.toxiproxy_server.server import EmbeddedServer
-from conformance import lifeline
+from conformance.supervision import lifeline
 
 _log = logging.getLogger("chaos.toxiproxy_server")
 

@@ -1,9 +1,10 @@
 """The contract families: which contracts exist, and where each one's parts live.
 
-The core (:mod:`conformance`: registry, harness, watchdog, verdicts, reports,
-plugin, CLI, self-check; :mod:`chaos`: fault injection) knows no contract by
-heart. Each contract is one :class:`Contract` entry below, pointing at its
-family package under ``conformance/contracts/``:
+The core (:mod:`conformance`: registry, supervision, configuration, verdicts
+and reports, plugin, CLI, self-check; :mod:`chaos`: fault injection) knows no
+contract by heart; this module is the only one of the core that names the
+families (see ``docs/architecture.md``). Each contract is one :class:`Contract`
+entry below, pointing at its family package under ``conformance/contracts/``:
 
 - ``p2p`` (:mod:`conformance.contracts.p2p`): the peer-to-peer control
   transport (ROUTER in, DEALER per peer), clauses CONN, POLL, MSG, HB, RES, SEC;
@@ -26,15 +27,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-# Loads the Clause type before any family's clause table (see conformance.clauses).
-from conformance.clauses import Clause
+from conformance.clauses import Clause, merge
 from conformance.contracts.control.clauses import CLAUSES as _CONTROL
 from conformance.contracts.kv_events.publisher.clauses import CLAUSES as _PUBLISHER
 from conformance.contracts.kv_events.subscriber.clauses import CLAUSES as _SUBSCRIBER
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P
 from conformance.errors import ConfigError
 
-__all__ = ["CONTRACTS", "DEFAULT_CONTRACT", "Contract", "get", "resolve"]
+__all__ = [
+    "CLAUSES", "CONTRACTS", "DEFAULT_CONTRACT", "NODE_MODES", "Contract", "clause",
+    "contract_of", "get", "resolve",
+]
 
 _KV_ENDPOINTS: Final = ("tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
 
@@ -63,6 +66,9 @@ class Contract:
         factory_shape: the call the suite makes, for error messages.
         probe: arguments (positional, keyword) the factory must accept; a
             factory whose signature cannot bind them does not fit.
+        nodes: ``MODULE:ATTR`` of ``nodes_spec(spec, mode, *, option)``, which
+            applies a ``--nodes`` / ``--zmq-nodes`` choice (:data:`NODE_MODES`)
+            to a spec; ``None``: the contract's nodes run in the test process only.
     """
 
     name: str
@@ -77,6 +83,7 @@ class Contract:
     capabilities: str
     factory_shape: str
     probe: tuple[tuple[Any, ...], Mapping[str, Any]] = field(default=((), {}))
+    nodes: str | None = None
 
     def spec_builder(self) -> Callable[..., Any]:
         builder: Callable[..., Any] = resolve(self.make_spec)
@@ -105,10 +112,11 @@ _P2P_CONTRACT = Contract(
     default_factory="reference_impl:ZmqTransport",
     mutants="conformance.contracts.p2p.mutants:CATALOG",
     fixture="zmq_transport_spec",
-    make_spec="conformance.spec:make_spec",
-    capabilities="conformance.spec:Capabilities",
+    make_spec="conformance.contracts.p2p.spec:make_spec",
+    capabilities="conformance.contracts.p2p.spec:Capabilities",
     factory_shape="factory(local_id: str, host: str, port: int)",
     probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
+    nodes="conformance.contracts.p2p.process_nodes:nodes_spec",
 )
 
 _PUBLISHER_CONTRACT = Contract(
@@ -164,6 +172,21 @@ CONTRACTS: Final[dict[str, Contract]] = {
     for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT)
 }
 DEFAULT_CONTRACT: Final = "p2p"
+#: Where a contract's nodes may run (``--nodes`` / ``--zmq-nodes``); ``process``
+#: exists for the contracts with a ``nodes`` entry only.
+NODE_MODES: Final = ("inprocess", "process")
+
+#: Every clause of every contract, contract by contract; an ID claimed twice is an error.
+CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL))
+
+
+def clause(clause_id: str) -> Clause:
+    """Return the clause with this ID, or raise ``KeyError`` naming the known IDs."""
+    try:
+        return CLAUSES[clause_id]
+    except KeyError:
+        known = ", ".join(CLAUSES)
+        raise KeyError(f"unknown clause {clause_id!r}; known clauses: {known}") from None
 
 
 def get(name: str, *, option: str = "--contract") -> Contract:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from conformance import lifeline
+from conformance.supervision import lifeline
 
 __all__ = ["CLAIM", "DONE", "Job", "RunSettings", "claim", "main", "state"]
 
@@ -104,13 +104,13 @@ def state(shared: Path, tag: str) -> str:
 def pytest_args(job: Job, settings: RunSettings, rundir: Path) -> list[str]:
     """The pytest arguments ``zmq-conformance run`` gives a lone targeted run, without
     workers (the CLI's own translation, so both stay the same)."""
-    from conformance import cli
+    from conformance.config import run_args
     from conformance.selfcheck import clause_filter
 
     argv = ["run", "--transport", job.factory, "--json", str(rundir / VERDICTS),
             "--profile", settings.profile, "--hypothesis-seed", str(settings.seed), "-q",
             "--contract", settings.contract, "-n", "0", "--reruns", "0", *settings.run_args]
-    args, _json, cleanup = cli._pytest_args(cli.build_parser().parse_args(argv))
+    args, _json, cleanup = run_args.pytest_args(run_args.parse_run(argv[1:]))
     assert cleanup is None  # --json is given
     # The package (this module's) was imported before pytest could rewrite its asserts;
     # the modules the suite needs (the harness) are imported in the session, rewritten.
@@ -154,10 +154,10 @@ def run_jobs(jobs: Sequence[Job], settings: RunSettings, shared: Path, *,
 
 def _exit_status(pytest_status: int, verdicts: Path) -> int:
     """The exit status ``zmq-conformance run`` would give (from the verdicts)."""
-    from conformance import cli
-    from conformance.verdicts import exit_status
+    from conformance.reporting.reports import read_report
+    from conformance.reporting.verdicts import exit_status
 
-    return exit_status(cli._read_report(verdicts), pytest_status)
+    return exit_status(read_report(verdicts), pytest_status)
 
 
 @contextlib.contextmanager

@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 
 from conformance import contracts
-from conformance.selection import configured_contract
+from conformance.config.loading import contract_spec_from_path
+from conformance.config.selection import configured_contract
 from conformance.selfcheck import clause_filter
-from conformance.spec import contract_spec_from_path
 
 BATCH_OPTION = "--selfcheck-group"
 REPORT_OPTION = "--selfcheck-group-report"

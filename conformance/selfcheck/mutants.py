@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from conformance import contracts
-from conformance.clauses import CLAUSES
-from conformance.contracts import DEFAULT_CONTRACT
+from conformance.config.loading import DEFAULT_TRANSPORT
+from conformance.contracts import CLAUSES, DEFAULT_CONTRACT
 from conformance.errors import ConfigError
-from conformance.spec import DEFAULT_TRANSPORT
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -49,11 +49,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from conformance import contracts, lifeline, profiles
-from conformance.clauses import CLAUSES
+from conformance import contracts
+from conformance.config import profiles
+from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
 from conformance.selfcheck import batch, clause_filter
 from conformance.selfcheck.mutants import Mutant, load_catalog
+from conformance.supervision import lifeline
 
 __all__ = [
     "ControlResult",

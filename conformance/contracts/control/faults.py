@@ -3,7 +3,7 @@
 :class:`ChaosRig` is a :class:`~conformance.contracts.control.harness.Rig`
 whose clients reach the server only through a proxy, so a fault on that
 proxy hits every connection of every client, and a restarted server sits
-behind the same proxy. Faults follow ``chaos.faults`` (toxiproxy 2.x
+behind the same proxy. Faults follow ``conformance.contracts.p2p.faults`` (toxiproxy 2.x
 semantics): a *partition* is a ``timeout`` toxic (no byte passes, nothing
 is closed) plus a ``slow_close`` that holds back closes, on both streams;
 healing it closes the connections it held. ``latency`` delays every byte,
@@ -23,7 +23,7 @@ from typing import Literal
 from chaos.proxy import Proxy, ToxicType, Toxiproxy, ToxiproxyError
 from conformance.contracts.control.harness import Rig, ServerRunner
 from conformance.contracts.control.spec import ControlSpec
-from conformance.harness import HOST
+from conformance.testing.net import HOST
 
 Kind = Literal["partition", "latency", "reset", "disable"]
 _HOLD_CLOSE_MS = 600_000

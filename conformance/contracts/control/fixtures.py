@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from conformance.config.fixtures import contract_spec
 from conformance.contracts.control.spec import ControlSpec, load
 from conformance.errors import ConfigError
-from conformance.fixtures import contract_spec
 
 #: Environment variable naming an implementation, beating the configuration.
 ENV_TARGET = "ZMQ_CONFORMANCE_CONTROL"

@@ -10,7 +10,7 @@ so the runner notes when each ``serve()`` started and :meth:`ServerRunner.check`
 run past the watchdog limit, or reports the exception that killed the loop.
 
 Every call into a client runs on the main thread under
-:func:`conformance.watchdog.guard`: ``request()`` gets its own timeout plus
+:func:`conformance.supervision.watchdog.guard`: ``request()`` gets its own timeout plus
 the watchdog limit, the others the limit.
 
 Suite values: heartbeat interval 100 ms, timeout 500 ms, request timeout
@@ -31,10 +31,10 @@ from typing import Any, Self, TypeVar
 import msgspec
 import zmq
 
-from conformance import watchdog
 from conformance.contracts.control.spec import ControlSpec
 from conformance.errors import CallBlocked
-from conformance.harness import HOST, free_port, is_address_in_use
+from conformance.supervision import watchdog
+from conformance.testing.net import HOST, free_port, is_address_in_use
 
 __all__ = [
     "HEARTBEAT_IVL_MS",
@@ -218,7 +218,7 @@ class ServerRunner:
 
         Once :meth:`check` has reported a blocked call, the test's verdict stands on
         that full-limit block, so the wait is cut to
-        :data:`conformance.watchdog.AFTER_BLOCK_LIMIT_S` (as the watchdog cuts every
+        :data:`conformance.supervision.watchdog.AFTER_BLOCK_LIMIT_S` (as the watchdog cuts every
         later guard of the test): the stuck call is not waited out a second time.
         """
         self._stop.set()

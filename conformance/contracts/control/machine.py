@@ -37,7 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.control.harness import (
     ECHO,
     FAIL,
@@ -53,7 +53,7 @@ from conformance.contracts.control.harness import (
     nonce,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.strategies import msgpack_values
+from conformance.testing.values import msgpack_values
 
 _FAIL_BY_S = (REQUEST_TIMEOUT_MS + SLACK_MS) / 1000
 _RECOVER_S = (REQUEST_TIMEOUT_MS + RECONNECT_MAX_MS + SLACK_MS) / 1000

@@ -116,6 +116,6 @@ def make_spec(factory: Any, *, name: str | None = None,
 
 def load(path: str, *, option: str = "--transport") -> ControlSpec:
     """Resolve ``MODULE:ATTR`` to a :class:`ControlSpec` (errors name ``option``)."""
-    from conformance.spec import load_factory
+    from conformance.config.loading import load_factory
 
     return make_spec(load_factory(path, option=option), name=path)

@@ -3,7 +3,7 @@
 :class:`ChaosMachine` subclasses :class:`conformance.contracts.p2p.machines.ClusterMachine`
 (every rule of the stateful transport machine: connect, send, poll, settle,
 mark dead, close, reconnect, restart, flap, hostile frames) and runs it on a
-:class:`chaos.topology.ChaosCluster`, adding rules that put faults on a
+:class:`conformance.contracts.p2p.topology.ChaosCluster`, adding rules that put faults on a
 node's proxy and heal them. Hypothesis shrinks traffic and fault schedule
 together: a failure prints the shortest sequence of steps, faults included.
 
@@ -44,12 +44,16 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from chaos.faults import Fault
 from chaos.proxy import Toxiproxy
-from chaos.topology import ChaosCluster
+from conformance.contracts.p2p.faults import Fault
 from conformance.contracts.p2p.machines import ClusterMachine, ClusterModel, NodeRef, Violation
 from conformance.contracts.p2p.machines.model import ConnModel, MessageModel
-from conformance.spec import SUITE_HEARTBEAT_IVL_MS, SUITE_HEARTBEAT_TIMEOUT_MS, TransportSpec
+from conformance.contracts.p2p.spec import (
+    SUITE_HEARTBEAT_IVL_MS,
+    SUITE_HEARTBEAT_TIMEOUT_MS,
+    TransportSpec,
+)
+from conformance.contracts.p2p.topology import ChaosCluster
 
 __all__ = ["ChaosMachine", "ChaosModel"]
 

@@ -1,7 +1,7 @@
 """The chaos machine with process faults in its alphabet: pause and crash.
 
 :class:`ProcessChaosMachine` is the chaos machine (:mod:`.chaos_machine`) with every
-node in its own process (:func:`conformance.process_nodes.process_spec`) and
+node in its own process (:func:`conformance.contracts.p2p.process_nodes.process_spec`) and
 two more rules, so Hypothesis shrinks process faults together with the
 traffic and the proxy faults:
 
@@ -30,8 +30,8 @@ from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
 from conformance.contracts.p2p.machines import ClusterMachine, NodeRef, Violation
 from conformance.contracts.p2p.machines.model import ConnModel
-from conformance.process_nodes import ProcessTransport, process_spec
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.process_nodes import ProcessTransport, process_spec
+from conformance.contracts.p2p.spec import TransportSpec
 
 __all__ = ["ProcessChaosMachine"]
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from conformance.config.profiles import scaled
 from conformance.contracts.control.harness import (
     ECHO,
     HEARTBEAT_IVL_MS,
@@ -30,7 +31,6 @@ from conformance.contracts.control.harness import (
     rig,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.harness import scaled
 
 Recorder = Callable[[str, object], None]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
+from conformance.config.profiles import scaled
 from conformance.contracts.control.harness import (
     ECHO,
     SLACK_MS,
@@ -26,7 +27,6 @@ from conformance.contracts.control.harness import (
     rig,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.harness import scaled
 
 Recorder = Callable[[str, object], None]
 

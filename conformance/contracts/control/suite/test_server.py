@@ -16,7 +16,7 @@ import zmq
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.control.harness import (
     BAD,
     ECHO,
@@ -27,7 +27,7 @@ from conformance.contracts.control.harness import (
     rig,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.strategies import first_difference, msgpack_values
+from conformance.testing.values import first_difference, msgpack_values
 
 #: Longest wait for one reply from an idle server on loopback.
 _REPLY_S = 2.0

@@ -23,7 +23,7 @@ harness cannot bind) is a run error, never the publisher's verdict: see
 :func:`run_error`.
 
 Every call into the publisher (the factory, ``publish()``, ``shutdown()``,
-``stats()``) runs under :mod:`conformance.watchdog`, so a call that hangs
+``stats()``) runs under :mod:`conformance.supervision.watchdog`, so a call that hangs
 becomes a ``blocked`` verdict, never a hung run.
 """
 
@@ -41,8 +41,8 @@ import msgspec
 import pytest
 import zmq
 
-from conformance import watchdog
 from conformance.contracts.kv_events.spec import PublisherSpec
+from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
     SEQ_BYTES,

@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import zmq
 
-from conformance import watchdog
 from conformance.errors import CallBlocked, ConfigError
+from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
     ENCODINGS,
     END_MARKER_SEQ,

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from conformance.harness import Connection, Node, handshake, receive
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.harness import Connection, Node, handshake, receive
+from conformance.contracts.p2p.spec import TransportSpec
 
 __all__ = [
     "HANDSHAKE_IVL_MS",

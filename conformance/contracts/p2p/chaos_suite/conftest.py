@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from chaos.proxy import Toxiproxy
-from chaos.topology import ChaosCluster
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.topology import ChaosCluster
 
 
 @pytest.fixture

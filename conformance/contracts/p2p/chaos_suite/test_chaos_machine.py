@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 
 from chaos.proxy import Toxiproxy
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
 from conformance.contracts.p2p.machines import run_machine
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.spec import TransportSpec
 
 pytestmark = pytest.mark.chaos
 

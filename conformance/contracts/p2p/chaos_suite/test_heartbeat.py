@@ -28,8 +28,6 @@ from typing import Any
 
 import pytest
 
-from chaos.faults import Fault
-from chaos.topology import ChaosCluster
 from conformance.contracts.p2p.chaos_suite._support import (
     RECONNECT_IVL_MAX_MS,
     SLACK_MS,
@@ -43,8 +41,10 @@ from conformance.contracts.p2p.chaos_suite._support import (
     report,
     watch_deaths,
 )
-from conformance.harness import Connection, Node, wait_inbound, wait_until
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.faults import Fault
+from conformance.contracts.p2p.harness import Connection, Node, wait_inbound, wait_until
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.topology import ChaosCluster
 
 pytestmark = pytest.mark.chaos
 

@@ -2,7 +2,7 @@
 
 Each test pairs an *observer* ``a`` (built in the test process, or in its own
 process under ``--nodes process``) with a *target* ``b`` in its own process
-(:class:`chaos.process_faults.ProcessCluster`), establishes a connection both
+(:class:`conformance.contracts.p2p.process_faults.ProcessCluster`), establishes a connection both
 ways (``a`` connects, ``b`` answers on the inbound connection), then pauses or
 kills ``b``'s process. No proxy is involved: a paused process's kernel keeps
 TCP alive and ACKs every byte, so only the ZMTP heartbeat can tell.
@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from chaos.process_faults import ProcessCluster, ProcessFault, draw_pause_ms
+from chaos.process_faults import ProcessFault, draw_pause_ms
 from chaos.proxy import Toxiproxy
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.p2p.chaos_suite._support import (
     SLACK_MS,
     Heartbeat,
@@ -43,10 +43,11 @@ from conformance.contracts.p2p.chaos_suite._support import (
     report,
     watch_deaths,
 )
+from conformance.contracts.p2p.harness import Connection, Node, receive, wait_inbound, wait_until
 from conformance.contracts.p2p.machines import run_machine
+from conformance.contracts.p2p.process_faults import ProcessCluster
 from conformance.contracts.p2p.process_machine import ProcessChaosMachine
-from conformance.harness import Connection, Node, receive, wait_inbound, wait_until
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.spec import TransportSpec
 
 pytestmark = pytest.mark.chaos
 

@@ -6,7 +6,7 @@ dead-but-registered window, restart a node on the same port, flap a peer, let
 a hostile peer send one frame), tells
 :class:`~conformance.contracts.p2p.machines.model.ClusterModel`
 what it did and checks what the implementation answered against it. All
-calls go through :mod:`conformance.harness` (watchdog-guarded); waiting is
+calls go through :mod:`conformance.contracts.p2p.harness` (watchdog-guarded); waiting is
 poll-driven with a deadline (:meth:`ClusterMachine.settle`).
 
 Extending (chaos machines subclass this): add ``@rule`` methods that inject
@@ -40,25 +40,24 @@ from hypothesis.stateful import (
     rule,
 )
 
-from conformance import resources
+from conformance.contracts.p2p.harness import Cluster, Connection, Node, release_leftovers
+from conformance.contracts.p2p.hostile import HostilePeer
 from conformance.contracts.p2p.machines.model import (
     ClusterModel,
     ConnModel,
     MessageModel,
     Violation,
 )
-from conformance.errors import CallBlocked
-from conformance.harness import (
-    Cluster,
-    Connection,
-    Node,
-    is_address_in_use,
-    release_leftovers,
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.strategies import (
+    hostile_frames,
+    hostile_identities,
+    is_plausible_peer_id,
 )
-from conformance.hostile import HostilePeer
-from conformance.spec import TransportSpec
-from conformance.strategies import hostile_frames, hostile_identities, is_plausible_peer_id
-from conformance.strategies import messages as message_bodies
+from conformance.contracts.p2p.strategies import messages as message_bodies
+from conformance.errors import CallBlocked
+from conformance.testing import resources
+from conformance.testing.net import is_address_in_use
 
 __all__ = ["ClusterMachine", "NodeRef"]
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.strategies import first_difference
+from conformance.testing.values import first_difference
 
 __all__ = [
     "SEQ_KEY",

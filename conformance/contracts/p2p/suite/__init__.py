@@ -1,13 +1,14 @@
 """The conformance suite: one or more tests per contract clause.
 
 Every test is marked ``@pytest.mark.clause("ID", ...)`` with the IDs of
-:mod:`conformance.clauses` it checks, and receives the transport under test
-through the ``zmq_transport_spec`` fixture of the plugin. Tests build fresh
-nodes on fresh ports for every Hypothesis example (:class:`conformance.harness.Cluster`),
+:mod:`conformance.contracts.p2p.clauses` it checks, and receives the
+transport under test through the ``zmq_transport_spec`` fixture of the
+plugin. Tests build fresh nodes on fresh ports for every Hypothesis example
+(:class:`conformance.contracts.p2p.harness.Cluster`),
 reach the transport only through the duck-typed interface of ``DESIGN.md``,
 and synchronise by driving ``poll()`` until a condition holds, never by
 sleeping. Every call into the implementation runs under a watchdog
-(:mod:`conformance.watchdog`): a call that hangs becomes a ``blocked``
+(:mod:`conformance.supervision.watchdog`): a call that hangs becomes a ``blocked``
 verdict, not a hung run.
 
 Modules, by clause family:
@@ -20,8 +21,8 @@ Modules, by clause family:
 - ``test_security``: POLL-3, SEC-1, SEC-2 (hostile peers and floods).
 
 Depth follows the active profile (``--zmq-profile``): Hypothesis example
-counts through :func:`conformance.profiles.suite_settings`, loop counts of
-example tests through :func:`conformance.harness.scaled`. A clause that
+counts through :func:`conformance.config.profiles.suite_settings`, loop counts of
+example tests through :func:`conformance.config.profiles.scaled`. A clause that
 needs a capability the transport does not declare is skipped with the reason
 and the way to declare it.
 """

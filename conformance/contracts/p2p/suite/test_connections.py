@@ -15,21 +15,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import profiles, resources
-from conformance.harness import (
+from conformance.config import profiles
+from conformance.config.profiles import scaled
+from conformance.contracts.p2p.harness import (
     Cluster,
     Connection,
     Node,
     expect_error,
     handshake,
     receive,
-    scaled,
     wait_inbound,
     wait_until,
 )
-from conformance.hostile import RawRouter
-from conformance.spec import TransportSpec
-from conformance.strategies import first_difference, messages
+from conformance.contracts.p2p.hostile import RawRouter
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.strategies import messages
+from conformance.testing import resources
+from conformance.testing.values import first_difference
 
 
 def _wait_for_message(

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import pytest
 
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.p2p.machines import ClusterMachine, run_machine
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.spec import TransportSpec
 
 #: Machines are cheap per example and find races only by volume.
 EXAMPLES_SCALE = 4

@@ -23,27 +23,21 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance import profiles
-from conformance.errors import CallBlocked
-from conformance.harness import (
-    Cluster,
-    Node,
-    handshake,
-    receive,
-    scaled,
-    unreachable_address,
-    wait_until,
-)
-from conformance.hostile import HostilePeer, StalledListener, learn_wire_format
-from conformance.spec import TransportSpec
-from conformance.strategies import (
+from conformance.config import profiles
+from conformance.config.profiles import scaled
+from conformance.contracts.p2p.harness import Cluster, Node, handshake, receive, wait_until
+from conformance.contracts.p2p.hostile import HostilePeer, StalledListener, learn_wire_format
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.strategies import (
     LARGE_MESSAGE_BYTES,
     LargeMessage,
-    first_difference,
     large_messages,
     message_of_size,
     sized_messages,
 )
+from conformance.errors import CallBlocked
+from conformance.testing.net import unreachable_address
+from conformance.testing.values import first_difference
 
 #: Watchdog limit of a single send() in MSG-4: far above what queueing takes.
 _SEND_LIMIT_S = 2.0

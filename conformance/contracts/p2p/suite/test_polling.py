@@ -15,18 +15,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import profiles, watchdog
-from conformance.harness import (
+from conformance.config import profiles
+from conformance.config.profiles import scaled
+from conformance.contracts.p2p.harness import (
     Cluster,
     Connection,
     Node,
     handshake,
     receive,
-    scaled,
     wait_inbound,
     wait_until,
 )
-from conformance.spec import TransportSpec
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.supervision import watchdog
 
 
 @pytest.mark.clause("POLL-1", "MSG-2")

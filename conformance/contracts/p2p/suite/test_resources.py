@@ -1,7 +1,7 @@
 """Resources: RES-1 and RES-2.
 
 Descriptors and OS threads of this process are counted
-(:mod:`conformance.resources`). Baselines are taken after a warm-up cycle
+(:mod:`conformance.testing.resources`). Baselines are taken after a warm-up cycle
 (libzmq keeps a few descriptors after a context's first connection) and
 compared by waiting for the counts to come back, since libzmq closes sockets
 asynchronously.
@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import resources
-from conformance.harness import (
-    Cluster,
-    Connection,
-    handshake,
-    receive,
-    scaled,
-    unreachable_address,
-    wait_inbound,
-)
-from conformance.process_nodes import is_process_spec
-from conformance.spec import TransportSpec
+from conformance.config.profiles import scaled
+from conformance.contracts.p2p.harness import Cluster, Connection, handshake, receive, wait_inbound
+from conformance.contracts.p2p.process_nodes import is_process_spec
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.testing import resources
+from conformance.testing.net import unreachable_address
 
 
 @pytest.fixture(autouse=True)

@@ -17,25 +17,19 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import profiles
-from conformance.harness import (
-    Cluster,
-    Connection,
-    Node,
-    handshake,
-    receive,
-    scaled,
-    unreachable_address,
-)
-from conformance.hostile import Flooder, HostilePeer, learn_wire_format, send_raw_tcp
-from conformance.spec import TransportSpec
-from conformance.strategies import (
+from conformance.config import profiles
+from conformance.config.profiles import scaled
+from conformance.contracts.p2p.harness import Cluster, Connection, Node, handshake, receive
+from conformance.contracts.p2p.hostile import Flooder, HostilePeer, learn_wire_format, send_raw_tcp
+from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.strategies import (
     hostile_frames,
     hostile_identities,
     hostile_payloads,
     is_plausible_peer_id,
     nesting_bomb,
 )
+from conformance.testing.net import unreachable_address
 
 _encode = msgspec.msgpack.encode
 

@@ -2,7 +2,7 @@
 
 ``kv_publisher_spec`` is the publisher the session configured
 (``--zmq-contract kv-events-publisher --zmq-transport MODULE:ATTR``, see
-:mod:`conformance.selection`), or the reference when this suite is collected
+:mod:`conformance.config.selection`), or the reference when this suite is collected
 in a session of another contract. Before any test uses it, the publisher is
 checked once against its declared wire profile
 (:mod:`..profile_check`): a mismatch skips every test with that one reason.
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from conformance.config.fixtures import contract_spec
 from conformance.contracts.kv_events.publisher.clauses import CONTRACT
 from conformance.contracts.kv_events.publisher.profile_check import profile_mismatch
 from conformance.contracts.kv_events.spec import PublisherSpec
-from conformance.fixtures import contract_spec
 
 
 @pytest.fixture

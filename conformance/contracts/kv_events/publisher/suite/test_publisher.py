@@ -19,7 +19,7 @@ import zmq
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance import resources, watchdog
+from conformance.config.profiles import suite_settings
 from conformance.contracts.kv_events.publisher.peers import (
     PATIENCE_S,
     ReplayClient,
@@ -31,7 +31,8 @@ from conformance.contracts.kv_events.publisher.peers import (
     ts_of,
 )
 from conformance.contracts.kv_events.spec import PublisherSpec, accepts
-from conformance.profiles import suite_settings
+from conformance.supervision import watchdog
+from conformance.testing import resources
 from reference_impl.kv_events.schema import (
     AllBlocksCleared,
     BlockRemoved,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.kv_events.publisher.machine import PublisherMachine
 from conformance.contracts.kv_events.spec import PublisherSpec
 

@@ -2,7 +2,7 @@
 
 ``kv_subscriber_spec`` is the subscriber the session configured
 (``--zmq-contract kv-events-subscriber --zmq-transport MODULE:ATTR``, see
-:mod:`conformance.selection`); ``ZMQ_CONFORMANCE_KV_SUBSCRIBER``
+:mod:`conformance.config.selection`); ``ZMQ_CONFORMANCE_KV_SUBSCRIBER``
 (``MODULE:ATTR``) overrides it, and without either it is the reference.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from conformance.config.fixtures import contract_spec
 from conformance.contracts.kv_events.subscriber.clauses import CONTRACT
 from conformance.contracts.kv_events.subscriber.peer import SubscriberSpec
-from conformance.fixtures import contract_spec
 
 ENV_SUBSCRIBER = "ZMQ_CONFORMANCE_KV_SUBSCRIBER"
 DEFAULT_SUBSCRIBER = "reference_impl.kv_events.subscriber:KVEventSubscriber"

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conformance import profiles
+from conformance.config import profiles
 from conformance.contracts.kv_events.spec import accepts
 from conformance.contracts.kv_events.subscriber.peer import (
     SUITE_HEARTBEAT_IVL_MS,

@@ -1,10 +1,11 @@
-"""Faults on a :class:`chaos.topology.ChaosCluster`: put in place, timed, always healed.
+"""Faults on a p2p chaos topology (:class:`~conformance.contracts.p2p.topology.ChaosCluster`):
+put in place, timed, always healed.
 
 Each helper puts one kind of fault on the proxies of the given nodes, on
 *both* streams of each proxy, and returns a :class:`Fault` recording when
 it was in place. With the proxies of two nodes given, every connection
 between them is affected whatever the transport's TCP layout (see
-:mod:`chaos.topology`); with one node given, everything addressed to that
+:mod:`conformance.contracts.p2p.topology`); with one node given, everything addressed to that
 node is.
 
 Timing: ``started_at`` is taken just before the first API call and
@@ -34,15 +35,12 @@ import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from chaos.proxy import Proxy, StreamName, ToxicType, ToxiproxyError
-from conformance.harness import Node
+from conformance.contracts.p2p.harness import Node
 
-if TYPE_CHECKING:
-    from chaos.topology import ChaosCluster
-
-__all__ = ["DESTRUCTIVE", "Fault", "FaultKind", "Faults"]
+__all__ = ["DESTRUCTIVE", "Fault", "FaultKind", "Faults", "ProxiedNodes"]
 
 FaultKind = Literal[
     "partition", "latency", "reset", "slice", "bandwidth", "disable", "hold_close"
@@ -56,6 +54,17 @@ _STREAMS: tuple[StreamName, ...] = ("upstream", "downstream")
 #: How long a partition holds back a close: far longer than any test runs.
 _HOLD_CLOSE_MS = 600_000
 _serial = itertools.count(1)
+
+
+class ProxiedNodes(Protocol):
+    """What :class:`Faults` needs of its topology: the proxy in front of a node.
+
+    :class:`~conformance.contracts.p2p.topology.ChaosCluster` is one; naming
+    the protocol instead of the class keeps this module from importing the
+    topology, which imports this module.
+    """
+
+    def proxy(self, node: Node) -> Proxy: ...
 
 
 @dataclass
@@ -92,7 +101,7 @@ class Fault:
 class Faults:
     """Makes and heals faults on one chaos cluster's proxies."""
 
-    def __init__(self, cluster: ChaosCluster) -> None:
+    def __init__(self, cluster: ProxiedNodes) -> None:
         self._cluster = cluster
         self.active: list[Fault] = []
         self.history: list[Fault] = []

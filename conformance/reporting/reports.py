@@ -1,4 +1,4 @@
-"""Writing a :class:`~conformance.verdicts.RunReport` as JSON, JUnit XML and Markdown.
+"""Writing a :class:`~conformance.reporting.verdicts.RunReport` as JSON, JUnit XML and Markdown.
 
 * JSON: ``{"contract", "transport", "profile", "seed", "counts", "clauses":
   {ID: {...}}}``, one entry per clause of the contract (see ``docs/usage.md`` for the fields).
@@ -18,8 +18,11 @@ import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
-from conformance.verdicts import FAILING, ClauseVerdict, RunReport
+from conformance import contracts
+from conformance.contracts import CLAUSES
+from conformance.reporting.verdicts import FAILING, ClauseVerdict, RunReport
 
 #: Characters XML 1.0 cannot carry at all; replaced so the file always parses.
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -215,3 +218,24 @@ def _tests_text(verdict: ClauseVerdict) -> str:
     if not verdict.tests:
         return verdict.reason or ""
     return "\n".join(f"{t.outcome:8} {t.duration_s:7.2f} s  {t.nodeid}" for t in verdict.tests)
+
+
+def read_report(path: Path) -> RunReport | None:
+    """The verdicts the plugin wrote to ``path``, reduced to what the exit status needs
+    (``None`` when there is no readable report)."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    verdicts = {
+        cid: ClauseVerdict(CLAUSES[cid], str(entry.get("verdict", "skipped")))
+        for cid, entry in data.get("clauses", {}).items()
+        if cid in CLAUSES
+    }
+    return RunReport(
+        transport=str(data.get("transport")), profile=str(data.get("profile")),
+        seed=data.get("seed"), clauses=verdicts,
+        warnings=[str(w) for w in data.get("warnings", [])],
+        contract=str(data.get("contract", contracts.DEFAULT_CONTRACT)),
+    )
+

@@ -7,23 +7,23 @@ from typing import Any
 
 import pytest
 
-from conformance.errors import ConfigError
-from conformance.selection import (
+from conformance.config.loading import check_fits
+from conformance.config.selection import (
     configured_capabilities,
     configured_contract,
     spec_from_config,
     with_nodes,
 )
-from conformance.spec import TransportSpec, check_fits
+from conformance.errors import ConfigError
 
 
 @pytest.fixture
-def zmq_transport_factory() -> Callable[..., Any] | TransportSpec | None:
+def zmq_transport_factory() -> Callable[..., Any] | Any | None:
     """Override in your ``conftest.py`` to test your transport.
 
     Return a callable factory of the session's contract (``p2p``:
     ``factory(local_id, host, port)``, see ``docs/contracts.md`` for the
-    others) or a ready spec (a :class:`~conformance.spec.TransportSpec` for
+    others) or a ready spec (a :class:`~conformance.contracts.p2p.spec.TransportSpec` for
     ``p2p``); it beats every command-line,
     ini and environment setting. Capabilities given with
     ``--zmq-capability``/``zmq_capabilities`` still apply to a callable.
@@ -39,10 +39,10 @@ def zmq_transport_factory() -> Callable[..., Any] | TransportSpec | None:
 @pytest.fixture
 def zmq_transport_spec(
     request: pytest.FixtureRequest,
-    zmq_transport_factory: Callable[..., Any] | TransportSpec | None,
+    zmq_transport_factory: Callable[..., Any] | Any | None,
 ) -> Any:
     """The implementation under test of the session's contract, with its capabilities
-    (for ``p2p`` a :class:`TransportSpec`).
+    (for ``p2p`` a :class:`~conformance.contracts.p2p.spec.TransportSpec`).
 
     A configuration error fails the test with a one-line message naming the
     setting (the plugin already validated the configured implementation at
@@ -65,7 +65,8 @@ def contract_spec(
         session = configured_contract(request.config)
         if override is None or (contract is not None and contract != session.name):
             return spec_from_config(request.config, contract)
-        if callable(override) and not isinstance(override, TransportSpec):
+        # A ready spec is data, never callable (no contract's spec type is).
+        if callable(override):
             module = getattr(override, "__module__", "?")
             name = f"{module}:{getattr(override, '__qualname__', '?')}"
             check_fits(override, session, path=name, option="zmq_transport_factory")

@@ -17,11 +17,11 @@ are ``skipped`` with ``"chaos clauses run with --chaos"``.
 ``crashed``: the process running the test died (a fatal signal such as
 ``SIGABRT`` or ``SIGSEGV``); ``blocked``: a call did not return within the
 watchdog limit, or the test made no progress at all within the stall limit
-(see :mod:`conformance.postmortem`).
+(see :mod:`conformance.supervision.postmortem`).
 
-A test that failed and was re-run (:mod:`conformance.reruns`) is ``failed``
+A test that failed and was re-run (:mod:`conformance.supervision.reruns`) is ``failed``
 when it failed every time and ``flaky`` when it also passed; its
-:class:`~conformance.reruns.Tally` gives the clause's reason ("flaky: failed
+:class:`~conformance.supervision.reruns.Tally` gives the clause's reason ("flaky: failed
 2 of 5 runs", "reproduced 5 of 5 runs"). A deterministic failure outranks a
 flaky one, so a clause shows the strongest evidence against it.
 
@@ -37,9 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from conformance.clauses import CLAUSES, Clause
+from conformance.clauses import Clause
+from conformance.contracts import CLAUSES
 from conformance.errors import CallBlocked
-from conformance.reruns import Tally
+from conformance.supervision.reruns import Tally
 
 #: Verdicts from strongest to weakest.
 PRECEDENCE: Final = (

@@ -96,7 +96,7 @@ def set_progress_hook(hook: Callable[[], None] | None) -> None:
     """Call ``hook`` whenever a guarded call starts (``None``: stop).
 
     Each call into the transport is evidence that the test is not hung; the
-    stall deadline of :mod:`conformance.postmortem` is pushed back by it.
+    stall deadline of :mod:`conformance.supervision.postmortem` is pushed back by it.
     """
     global _progress
     _progress = hook

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance.clauses import CLAUSES
+from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
 
 DEFAULT_REASON = "listed in the xfail file"

@@ -1,6 +1,6 @@
 """What a test process leaves behind when it hangs or dies, and reading it back.
 
-The watchdog (:mod:`conformance.watchdog`) interrupts a call that blocks,
+The watchdog (:mod:`conformance.supervision.watchdog`) interrupts a call that blocks,
 but only where Python gets control back: not a call stuck in C with the GIL
 held, a finalizer that blocks (``Context.__del__`` waiting in ``term()``
 during a garbage collection), a thread that spins, or a process killed by

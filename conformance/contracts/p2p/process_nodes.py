@@ -3,12 +3,12 @@
 The chaos proxies cut links; they cannot stop a node while its kernel keeps
 TCP alive (SIGSTOP: a hung engine, a GC pause, a debugger) or kill it at once
 (SIGKILL). For that a node must be a process. :func:`process_spec` turns any
-:class:`~conformance.spec.TransportSpec` whose factory is importable as
+:class:`~conformance.contracts.p2p.spec.TransportSpec` whose factory is importable as
 ``MODULE:ATTR`` into one whose nodes each run in their own interpreter,
 built there from the same factory, and driven from the test process by
 :class:`ProcessTransport` and :class:`ProcessConnection`: proxies that
 implement the duck-typed interface of ``DESIGN.md`` by forwarding each call
-over an execnet channel. The harness's :class:`~conformance.harness.Cluster`
+over an execnet channel. The harness's :class:`~conformance.contracts.p2p.harness.Cluster`
 builds them without knowing.
 
 Guarantees:
@@ -22,16 +22,16 @@ Guarantees:
   margin; a node process that died raises :class:`NodeProcessDied` naming the
   node and its exit signal, one that is stopped raises :class:`NodePaused`.
   Both subclass :class:`~conformance.errors.CallBlocked`: the call never
-  completed, and :func:`~conformance.harness.expect_error` never takes them
+  completed, and :func:`~conformance.contracts.p2p.harness.expect_error` never takes them
   for the error it expects.
 - **Nothing outlives the run.** A node process asks the kernel for SIGKILL
   when its parent dies (``PR_SET_PDEATHSIG``); :func:`shutdown` (called at
   the end of the pytest session and at exit) ends every process still open.
 
-Faults (:mod:`chaos.process_faults` builds the PROC clauses on these):
+Faults (:mod:`conformance.contracts.p2p.process_faults` builds the PROC clauses on these):
 :meth:`ProcessTransport.pause`, :meth:`~ProcessTransport.resume` and
 :meth:`~ProcessTransport.kill` signal the node's process. After a kill,
-:meth:`~conformance.harness.Cluster.restart` builds the replacement process
+:meth:`~conformance.contracts.p2p.harness.Cluster.restart` builds the replacement process
 on the same port.
 
 Gateways: ``popen`` (a local interpreter; the default uses this
@@ -58,12 +58,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conformance import _node_worker, watchdog
+from conformance.config.loading import load_factory
+from conformance.contracts import NODE_MODES
+from conformance.contracts.p2p import _node_worker
+from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked, ConfigError
-from conformance.spec import TransportSpec, load_factory
+from conformance.supervision import cleanup, watchdog
 
 __all__ = [
-    "NODE_MODES",
     "NodePaused",
     "NodeProcessDied",
     "ProcessConnection",
@@ -77,7 +79,6 @@ __all__ = [
 ]
 
 #: Values of ``--nodes`` / ``--zmq-nodes``.
-NODE_MODES = ("inprocess", "process")
 #: Extra wait on top of the watchdog limit before a call is given up locally:
 #: the node's own watchdog reports a blocked call first, with its name.
 _MARGIN_S = 2.0
@@ -348,6 +349,10 @@ atexit.register(_POOL.shutdown)
 def shutdown() -> None:
     """End every node process this process started (idle or not)."""
     _POOL.shutdown()
+
+
+# The plugin runs this when the pytest session ends.
+cleanup.at_session_end(shutdown)
 
 
 def live_pids() -> list[int]:

@@ -2,7 +2,7 @@
 
 The child runs in its own session (process group), so everything it starts
 (xdist workers, embedded toxiproxy servers) can be signalled as one group,
-and the kernel ends it if the CLI dies (:mod:`conformance.lifeline`).
+and the kernel ends it if the CLI dies (:mod:`conformance.supervision.lifeline`).
 
 * SIGINT or SIGTERM to the CLI: the group gets SIGINT (pytest's interrupt,
   which still writes the reports of what ran), then SIGKILL after
@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from conformance import lifeline
+from conformance.supervision import lifeline
 
 __all__ = ["EXIT_GRACE_S", "STOP_GRACE_S", "Outcome", "run"]
 

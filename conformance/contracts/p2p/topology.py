@@ -1,6 +1,6 @@
 """The chaos topology: every node is reached only through its own toxiproxy proxy.
 
-A :class:`ChaosCluster` is a :class:`conformance.harness.Cluster` whose nodes
+A :class:`ChaosCluster` is a :class:`conformance.contracts.p2p.harness.Cluster` whose nodes
 bind their ROUTER on a private port and *advertise* the address of a
 toxiproxy proxy in front of it as their ``local_id``::
 
@@ -13,26 +13,23 @@ the node it is addressed to. A transport of the DEALER-per-peer shape runs
 two TCP connections per pair, one through each proxy; a transport that
 talks both ways over one TCP connection runs it through the proxy of the
 node that was connected to. Either way a fault put on *both* nodes' proxies
-(:mod:`chaos.faults` does this) cuts every connection between them, and a
+(:mod:`conformance.contracts.p2p.faults` does this) cuts every connection between them, and a
 fault on one node's proxy cuts everything addressed to that node.
 
 Nodes keep their port and ``local_id`` across :meth:`Cluster.restart`, so a
 restarted node sits behind the same proxy. Closing the cluster heals every
-fault (:class:`chaos.faults.Faults`), closes the nodes and deletes the
+fault (:class:`conformance.contracts.p2p.faults.Faults`), closes the nodes and deletes the
 cluster's proxies, so a fault never outlives the test that made it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from chaos.proxy import Proxy, Toxiproxy, ToxiproxyError
+from conformance.contracts.p2p.faults import Faults
+from conformance.contracts.p2p.harness import Cluster, Node
+from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked
-from conformance.harness import HOST, Cluster, Node
-from conformance.spec import TransportSpec
-
-if TYPE_CHECKING:
-    from chaos.faults import Faults
+from conformance.testing.net import HOST
 
 __all__ = ["ChaosCluster"]
 
@@ -46,7 +43,7 @@ class ChaosCluster(Cluster):
         host: where nodes bind and proxies listen (loopback).
         call_limit: watchdog limit for building and closing nodes.
 
-    ``faults`` is the cluster's :class:`chaos.faults.Faults`: every fault
+    ``faults`` is the cluster's :class:`conformance.contracts.p2p.faults.Faults`: every fault
     made through it is healed when the cluster closes.
     """
 
@@ -58,8 +55,6 @@ class ChaosCluster(Cluster):
         host: str = HOST,
         call_limit: float | None = None,
     ) -> None:
-        from chaos.faults import Faults  # faults needs this module's class
-
         super().__init__(spec, host=host, call_limit=call_limit)
         self.toxiproxy = toxiproxy
         self._proxies: dict[int, Proxy] = {}

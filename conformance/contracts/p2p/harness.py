@@ -1,15 +1,16 @@
-"""Nodes, ports and synchronisation for tests against a transport.
+"""Nodes, ports and synchronisation for tests against a p2p transport.
 
 The suite, the stateful machines and the chaos tests all drive transports
 through this module, so they share its guarantees:
 
-- **Ports never collide.** :func:`free_port` asks the kernel for a free port
-  on ``127.0.0.1``; a node whose bind then fails with ``EADDRINUSE`` (another
-  process or xdist worker took the port in between) is rebuilt on a new port.
+- **Ports never collide.** :func:`~conformance.testing.net.free_port` asks
+  the kernel for a free port on ``127.0.0.1``; a node whose bind then fails
+  with ``EADDRINUSE`` (another process or xdist worker took the port in
+  between) is rebuilt on a new port.
   :meth:`Cluster.restart` rebuilds a node on the *same* port, retrying
   briefly while libzmq still holds the old listener.
 - **Nothing hangs.** Every call into the implementation goes through
-  :mod:`conformance.watchdog`, so a call that blocks raises
+  :mod:`conformance.supervision.watchdog`, so a call that blocks raises
   :class:`~conformance.errors.CallBlocked` naming the call.
 - **No finalizer of the implementation runs mid-test.** Every transport the
   harness builds and every connection it is handed stays referenced until
@@ -38,43 +39,35 @@ Typical use::
 
 from __future__ import annotations
 
-import errno
 import itertools
-import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import zmq
 from hypothesis.control import currently_in_test_context
 
-from conformance import profiles, watchdog
+from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked
-from conformance.spec import TransportSpec
+from conformance.supervision import cleanup, watchdog
+from conformance.testing.net import HOST, free_port, is_address_in_use
 
 __all__ = [
     "DEFAULT_WAIT_S",
-    "HOST",
     "PROPERTY_WAIT_S",
     "Cluster",
     "Connection",
     "Node",
     "expect_error",
-    "free_port",
     "handshake",
-    "is_address_in_use",
     "receive",
-    "scaled",
-    "unreachable_address",
     "wait_inbound",
     "wait_until",
 ]
 
 T = TypeVar("T")
 
-HOST = "127.0.0.1"
 #: Default deadline of :func:`wait_until`: ample for anything on loopback.
 DEFAULT_WAIT_S = 5.0
 #: Default deadline inside a Hypothesis example. Shrinking re-runs a failing
@@ -133,6 +126,10 @@ def release_leftovers(nodes: Iterable[Node] | None = None) -> list[str]:
     return released
 
 
+# Between suite tests the plugin runs this (release every node built since).
+cleanup.after_each_test(release_leftovers)
+
+
 def _contexts_in(roots: Iterable[Any]) -> list[zmq.Context[Any]]:
     """The contexts reachable from ``roots`` through attributes and containers."""
     found: dict[int, zmq.Context[Any]] = {}
@@ -158,53 +155,6 @@ def _contexts_in(roots: Iterable[Any]) -> list[zmq.Context[Any]]:
                 following.extend(getattr(obj, "__dict__", {}).values())
         frontier = following
     return list(found.values())
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port on ``host`` that was free a moment ago.
-
-    Binds port 0, reads the port the kernel chose and closes the socket. The
-    port can be taken again before the caller binds it; callers retry on
-    ``EADDRINUSE`` (:meth:`Cluster.add_node` does).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def is_address_in_use(exc: BaseException) -> bool:
-    """True when ``exc`` (or an exception it was raised from) is ``EADDRINUSE``.
-
-    Transports wrap bind errors in their own exceptions, so the whole chain
-    and the message text are inspected.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, zmq.ZMQError) and current.errno == zmq.EADDRINUSE:
-            return True
-        if isinstance(current, OSError) and current.errno == errno.EADDRINUSE:
-            return True
-        if "address already in use" in str(current).lower():
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-@contextmanager
-def unreachable_address(host: str = HOST) -> Iterator[str]:
-    """A ``"host:port"`` nobody listens on, for as long as the block runs.
-
-    The port is bound but not listening, so connecting to it is refused, no
-    other process can start listening on it, and the kernel cannot hand it
-    out as the source port of a connection (which could make a connection to
-    it connect to itself).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        yield f"{host}:{sock.getsockname()[1]}"
 
 
 def wait_until(
@@ -320,15 +270,6 @@ def expect_error(action: Callable[[], object], *, what: str) -> Exception:
     except Exception as exc:
         return exc
     raise AssertionError(f"{what} did not raise")
-
-
-def scaled(count: int) -> int:
-    """``count`` times the active profile's ``repeat_scale`` (at least 1).
-
-    Loop counts of example tests (flapping cycles, floods) go through this, so
-    ``--zmq-profile thorough`` digs deeper without touching the tests.
-    """
-    return max(1, round(count * profiles.active().repeat_scale))
 
 
 def handshake(

@@ -1,6 +1,6 @@
 """The code a process node runs: one transport, driven over an execnet channel.
 
-:mod:`conformance.process_nodes` ships this module to a fresh interpreter with
+:mod:`conformance.contracts.p2p.process_nodes` ships this module to a fresh interpreter with
 ``gateway.remote_exec(module)``; it then runs with ``__name__ ==
 "__channelexec__"`` and a global ``channel``. It must therefore import only
 the standard library and installed packages, never the test process's state.
@@ -94,8 +94,8 @@ class _Node:
         self.transport = None
         self.conns.clear()
         self.handles.clear()
-        from conformance import watchdog
-        from conformance.spec import load_factory
+        from conformance.config.loading import load_factory
+        from conformance.supervision import watchdog
 
         watchdog.set_default_limit(self.limit)
         factory = load_factory(args["factory"], option=args.get("option", "factory"))
@@ -106,7 +106,7 @@ class _Node:
         return os.getpid()
 
     def call(self, op: str, args: list[Any]) -> Any:
-        from conformance import watchdog
+        from conformance.supervision import watchdog
 
         if op == "build":
             return self.build(args[0])

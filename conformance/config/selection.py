@@ -10,7 +10,7 @@ implementation under test is the configured contract's; a suite of another
 contract (collected by hand) tests that contract's reference.
 
 Implementation precedence (highest first): a ``zmq_transport_factory``
-fixture the user overrides (handled in :mod:`conformance.fixtures`);
+fixture the user overrides (handled in :mod:`conformance.config.fixtures`);
 ``--zmq-transport MODULE:ATTR``; the ``zmq_transport`` ini option; the
 ``ZMQ_CONFORMANCE_TRANSPORT`` environment variable; the contract's reference.
 
@@ -29,15 +29,17 @@ from typing import Any
 
 import pytest
 
-from conformance import contracts, process_nodes
+from conformance import contracts
+from conformance.config.loading import DEFAULT_TRANSPORT, ENV_TRANSPORT, contract_spec_from_path
 from conformance.contracts import DEFAULT_CONTRACT, Contract
 from conformance.errors import ConfigError
-from conformance.spec import (
-    DEFAULT_TRANSPORT,
-    ENV_TRANSPORT,
-    Capabilities,
-    contract_spec_from_path,
-)
+
+__all__ = [
+    "CHAOS_FIXTURES", "CHAOS_SUITE_PACKAGES", "SUITE_PACKAGE", "build_spec",
+    "choose_transport", "configured_capabilities", "configured_contract",
+    "configured_transport", "parse_capabilities", "parse_capability", "spec_from_config",
+    "suite_paths", "with_nodes",
+]
 
 #: Packages whose directories hold the default contract's tests.
 SUITE_PACKAGE = contracts.CONTRACTS[DEFAULT_CONTRACT].suite[0]
@@ -66,15 +68,16 @@ def choose_transport(
 
 
 def parse_capability(
-    text: str, *, origin: str, kind: type[Any] = Capabilities
+    text: str, *, origin: str, kind: type[Any] | None = None
 ) -> tuple[str, Any]:
-    """Parse one ``name=value`` capability setting of dataclass ``kind`` into a typed pair.
+    """Parse one ``name=value`` capability setting of dataclass ``kind`` (default: the
+    default contract's capabilities) into a typed pair.
 
     Boolean capabilities take ``true``/``false`` (also yes/no, on/off, 1/0);
     text ones any value; the others an integer or ``none``. Errors are
     one-line :class:`ConfigError` naming ``origin`` and the value.
     """
-    types = {f.name: str(f.type) for f in dataclasses.fields(kind)}
+    types = {f.name: str(f.type) for f in dataclasses.fields(kind or _default_capabilities())}
     name, sep, raw = text.partition("=")
     name, raw = name.strip(), raw.strip()
     if not sep or not name:
@@ -101,9 +104,11 @@ def parse_capability(
 
 
 def parse_capabilities(
-    ini_lines: Iterable[str], options: Iterable[str], *, kind: type[Any] = Capabilities
+    ini_lines: Iterable[str], options: Iterable[str], *, kind: type[Any] | None = None
 ) -> dict[str, Any]:
-    """Merge ini lines and command-line settings (the latter win) into checked overrides."""
+    """Merge ini lines and command-line settings (the latter win) into checked overrides
+    (of ``kind``, default: the default contract's capabilities)."""
+    kind = kind or _default_capabilities()
     merged: dict[str, Any] = {}
     for origin, lines in (("zmq_capabilities", ini_lines), ("--zmq-capability", options)):
         for line in lines:
@@ -115,6 +120,10 @@ def parse_capabilities(
         {k: v for k, v in merged.items() if v is not None}, origin="capabilities"
     )
     return merged
+
+
+def _default_capabilities() -> type[Any]:
+    return contracts.CONTRACTS[DEFAULT_CONTRACT].capability_type()
 
 
 def suite_paths(
@@ -191,14 +200,17 @@ def build_spec(config: pytest.Config, contract: Contract | None = None) -> Any:
 
 
 def with_nodes(config: pytest.Config, contract: Contract, spec: Any) -> Any:
-    """Apply ``--zmq-nodes`` to ``spec``: process nodes exist for the p2p contract only."""
+    """Apply ``--zmq-nodes`` to ``spec``: process nodes exist for the contracts whose
+    registry entry names a ``nodes`` hook only."""
     mode = config.getoption("zmq_nodes", None)
-    if contract.name == DEFAULT_CONTRACT:
-        return process_nodes.nodes_spec(spec, mode, option="--zmq-nodes")
+    if contract.nodes is not None:
+        nodes_spec = contracts.resolve(contract.nodes)
+        return nodes_spec(spec, mode, option="--zmq-nodes")
     if mode not in (None, "inprocess"):
+        able = ", ".join(c.name for c in contracts.CONTRACTS.values() if c.nodes is not None)
         raise ConfigError(
             f"--zmq-nodes={mode}: nodes in their own processes exist for the "
-            f"{DEFAULT_CONTRACT} contract only, not {contract.name}"
+            f"{able} contract only, not {contract.name}"
         )
     return spec
 

@@ -29,8 +29,9 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from conformance import watchdog
-from conformance.harness import HOST, Cluster
+from conformance.contracts.p2p.harness import Cluster
+from conformance.supervision import watchdog
+from conformance.testing.net import HOST
 
 __all__ = [
     "Flooder",

@@ -79,3 +79,12 @@ def suite_settings(**overrides: Any) -> settings:
     }
     values.update(overrides)
     return settings(**values)
+
+
+def scaled(count: int) -> int:
+    """``count`` times the active profile's ``repeat_scale`` (at least 1).
+
+    Loop counts of example tests (flapping cycles, floods) go through this, so
+    ``--zmq-profile thorough`` digs deeper without touching the tests.
+    """
+    return max(1, round(count * active().repeat_scale))

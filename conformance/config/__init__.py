@@ -1,0 +1,1 @@
+"""Run configuration both faces share: implementation, capabilities, contract, suite, profiles."""

@@ -1,0 +1,92 @@
+r"""Loading the implementation under test: ``MODULE:ATTR`` factories, checked against a contract.
+
+Every contract's implementation is named ``MODULE:ATTR``; :func:`load_factory`
+imports it with one-line :class:`ConfigError`\ s that name the option and the
+value, :func:`check_fits` rejects a factory whose signature cannot take the
+calls the contract's suite makes (a factory of another contract, usually), and
+:func:`contract_spec_from_path` does both and builds the contract's spec with
+the contract's own ``make_spec`` (named by the registry).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from conformance.contracts import CONTRACTS, DEFAULT_CONTRACT, Contract
+from conformance.errors import ConfigError
+
+#: The default contract's reference implementation.
+DEFAULT_TRANSPORT: Final = CONTRACTS[DEFAULT_CONTRACT].default_factory
+ENV_TRANSPORT: Final = "ZMQ_CONFORMANCE_TRANSPORT"
+
+
+def load_factory(path: str, *, option: str = "--zmq-transport") -> Callable[..., Any]:
+    """Resolve ``MODULE:ATTR`` (``ATTR`` may be dotted) to a callable.
+
+    The current directory is importable, so a user's own checkout works
+    without installing it. Errors are one-line :class:`ConfigError`s that name
+    ``option`` and the value.
+    """
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ConfigError(
+            f"{option}={path!r}: expected MODULE:ATTR, e.g. mypkg.transport:MyTransport"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{option}={path!r}: cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError(
+            f"{option}={path!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(
+                f"{option}={path!r}: {module_name!r} has no attribute {attr_path!r}"
+            ) from None
+    if not callable(target):
+        raise ConfigError(f"{option}={path!r}: {attr_path!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def check_fits(factory: Callable[..., Any], contract: Contract, *, path: str,
+               option: str) -> None:
+    """Raise :class:`ConfigError` when ``factory`` cannot be called the way ``contract``'s
+    suite calls it (a factory of another contract, usually).
+
+    Only the signature is checked; a factory without one (a builtin) passes.
+    """
+    args, kwargs = contract.probe
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"{option}={path!r} does not fit the contract {contract.name!r}, whose suite calls "
+            f"{contract.factory_shape} ({exc}); pick the contract with --contract "
+            f"({', '.join(CONTRACTS)})"
+        ) from None
+
+
+def contract_spec_from_path(contract: Contract, path: str, *,
+                            overrides: Mapping[str, Any] | None = None,
+                            option: str = "--zmq-transport") -> Any:
+    """Load ``MODULE:ATTR``, check that it fits ``contract`` and build its spec."""
+    factory = load_factory(path, option=option)
+    check_fits(factory, contract, path=path, option=option)
+    return contract.spec_builder()(factory, name=path, overrides=overrides,
+                                   origin="--zmq-capability")

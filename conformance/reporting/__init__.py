@@ -1,0 +1,1 @@
+"""Verdicts and reports: clause verdicts, the run report and its files, expected failures."""

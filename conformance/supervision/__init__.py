@@ -1,0 +1,1 @@
+"""Run supervision: watchdog, postmortem, lifeline, supervisor, re-runs, cleanup between tests."""
