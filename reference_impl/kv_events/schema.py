@@ -250,23 +250,46 @@ def decode_batch(payload: bytes, encoding: Encoding = "map", *,
     return decoded
 
 
+_KNOWN_TAGS: Final = frozenset(("BlockStored", "BlockRemoved", "AllBlocksCleared"))
+_STRUCTS: Final[dict[Encoding, type[Any]]] = {
+    "map": KVEventBatch, "array": _ArrayKVEventBatch, "array-map": _ArrayMapKVEventBatch,
+}
+
+
 def _decode_skipping_unknown(payload: bytes, encoding: Encoding, unknown: list[str] | None,
                              error: msgspec.DecodeError) -> KVEventBatch:
-    """The slow path: read field by field, dropping events of unknown types."""
-    from reference_impl.kv_events.wire import WireError, WireProfile, decode_payload
-
-    tags: list[str] = []
+    """The slow path: drop the events of unknown types, then decode what is left."""
+    failed = SchemaError(f"payload is not a {encoding}-encoded KVEventBatch: {error}")
     try:
-        data = decode_payload(payload, WireProfile(encoding=encoding), unknown=tags)
-        batch = msgspec.convert(data, KVEventBatch)
-    except (WireError, msgspec.ValidationError):
-        raise SchemaError(f"payload is not a {encoding}-encoded KVEventBatch: {error}"
-                          ) from error
-    if not tags:  # the fast path failed for another reason than an unknown type
-        raise SchemaError(f"payload is not a {encoding}-encoded KVEventBatch: {error}")
+        data = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        raise failed from error
+    events = (data.get("events") if isinstance(data, dict)
+              else data[1] if isinstance(data, list) and len(data) > 1 else None)
+    if not isinstance(events, list):
+        raise failed from error
+    tags = [_event_tag(event, encoding) for event in events]
+    dropped = [t for t in tags if isinstance(t, str) and t not in _KNOWN_TAGS]
+    if not dropped:  # the fast path failed for another reason than an unknown type
+        raise failed from error
+    kept = [event for event, tag in zip(events, tags, strict=True) if tag in _KNOWN_TAGS]
+    if isinstance(data, dict):
+        data["events"] = kept
+    else:
+        data[1] = kept
+    try:
+        decoded = msgspec.convert(data, _STRUCTS[encoding])
+    except msgspec.ValidationError:
+        raise failed from error
     if unknown is not None:
-        unknown.extend(tags)
-    return batch
+        unknown.extend(dropped)
+    return normalize(decoded)
+
+
+def _event_tag(event: Any, encoding: Encoding) -> Any:
+    if encoding == "array":
+        return event[0] if isinstance(event, list) and event else None
+    return event.get("type") if isinstance(event, dict) else None
 
 
 def normalize(batch: Any) -> KVEventBatch:

@@ -50,6 +50,8 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
+from reference_impl.kv_events.schema import KVEventBatch, SchemaError
+
 __all__ = [
     "DEFAULT_ENCODING",
     "DEFAULT_REPLAY_LAYOUT",
@@ -376,6 +378,7 @@ def restrict(batch: Any, version: SchemaVersion) -> Any:
     schema is only ever asked to carry what its schema has.
     """
     events = []
+    changed = False
     for event in batch.events:
         tag = type(event).__name__
         fields = {f.name: f for f in version.fields(tag)}
@@ -389,8 +392,11 @@ def restrict(batch: Any, version: SchemaVersion) -> Any:
             elif field.kind in ("int_hashes", "int_hash?") and value is not None:
                 changes[name] = ([_as_int(v) for v in value] if isinstance(value, list)
                                  else _as_int(value))
+        changed = changed or bool(changes)
         events.append(msgspec.structs.replace(event, **changes) if changes else event)
     rank = batch.data_parallel_rank if version.batch_rank else None
+    if not changed and rank == batch.data_parallel_rank:
+        return batch  # nothing to cut: the same object (publish() sees the caller's batch)
     return msgspec.structs.replace(batch, events=events, data_parallel_rank=rank)
 
 
@@ -524,8 +530,6 @@ def as_batch(data: Mapping[str, Any]) -> Any:
     """A :func:`decode_payload` result as the suite's
     :class:`~reference_impl.kv_events.schema.KVEventBatch` (fields the
     version lacks are ``None``)."""
-    from reference_impl.kv_events.schema import KVEventBatch, SchemaError
-
     events = []
     for event in data.get("events", []):
         event = dict(event)
