@@ -227,10 +227,10 @@ class PublisherSpec:
         ):
             if accepts(self.factory, name):
                 kwargs[name] = value
-        for name, value in (("replay_layout", self.capabilities.wire),
-                            ("encoding", self.capabilities.encoding)):
-            if _takes(self.factory, name):
-                kwargs[name] = value
+        for keyword, declared in (("replay_layout", self.capabilities.wire),
+                                  ("encoding", self.capabilities.encoding)):
+            if _takes(self.factory, keyword):
+                kwargs[keyword] = declared
         kwargs.update({k: v for k, v in overrides.items() if accepts(self.factory, k)})
         if rank is not None:
             kwargs["data_parallel_rank"] = rank

@@ -241,7 +241,7 @@ class ReplayTopicFrameEmpty(KVEventPublisher):
     topic frame (the replay buffer never stored the topic): a consumer that routes
     replayed batches by topic cannot."""
 
-    zmq_conformance_capabilities = _TOPIC_LAYOUT
+    zmq_conformance_capabilities = _TOPIC_LAYOUT  # type: ignore[misc]
 
     def __init__(self, endpoint: str, replay_endpoint: str, *,
                  replay_layout: Any = "topic-seq-payload", **kwargs: Any) -> None:
@@ -255,7 +255,7 @@ class EndMarkerOldLayout(KVEventPublisher):
     layout's end marker ``[b"", -1, b""]``: a consumer reading three frames after
     the delimiter never sees the end of its replay."""
 
-    zmq_conformance_capabilities = _TOPIC_LAYOUT
+    zmq_conformance_capabilities = _TOPIC_LAYOUT  # type: ignore[misc]
 
     def __init__(self, endpoint: str, replay_endpoint: str, *,
                  replay_layout: Any = "topic-seq-payload", **kwargs: Any) -> None:

@@ -533,7 +533,7 @@ def test_batches_of_a_newer_producer_are_read(kv_subscriber_spec: SubscriberSpec
     with Session(spec, clause="EVS-9") as s:
         s.subscribed()
         fake = s.fake
-        expected = [(fake.publish(), None)]
+        expected: list[tuple[int, KVEventBatch | None]] = [(fake.publish(), None)]
         for index, kind in enumerate(kinds):
             if kind == "plain":
                 expected.append((fake.publish(), None))
