@@ -390,8 +390,10 @@ def restrict(batch: Any, version: SchemaVersion) -> Any:
                 if value is not None:
                     changes[name] = None
             elif field.kind in ("int_hashes", "int_hash?") and value is not None:
-                changes[name] = ([_as_int(v) for v in value] if isinstance(value, list)
-                                 else _as_int(value))
+                ints = ([_as_int(v) for v in value] if isinstance(value, list)
+                        else _as_int(value))
+                if ints != value:
+                    changes[name] = ints
         changed = changed or bool(changes)
         events.append(msgspec.structs.replace(event, **changes) if changes else event)
     rank = batch.data_parallel_rank if version.batch_rank else None
