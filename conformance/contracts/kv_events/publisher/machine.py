@@ -99,6 +99,8 @@ class PublisherMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.rig.model))
     @rule(back=st.integers(0, 80))
     def replay(self, back: int) -> None:
+        """A replay from ``back`` batches before the newest, once all were sent."""
+        self.rig.settle(self._publish)  # a replay covers what was sent, not what is queued
         self._drain_readers()
         for watcher in self._reading():
             self.rig.observe(watcher.sub)

@@ -501,6 +501,32 @@ class Rig:
             self.publish(make_batch())
             sub.drain(20)
 
+    def settle(self, publish: Callable[[], object] | None = None) -> None:
+        """Return once the publisher has sent every batch ``publish()`` accepted.
+
+        ``publish()`` may only queue (vLLM's does); a replay covers what the
+        publisher has *sent*. A fresh subscriber joins (warm-up batches through
+        ``publish``, the rig's own by default) and reads until the newest batch
+        arrived: the stream is FIFO, so everything before it was sent too.
+        """
+        sub = self.sub()
+        try:
+            deadline = time.monotonic() + PATIENCE_S
+            while not sub.got:
+                assert time.monotonic() < deadline, (
+                    f"{self.clause}: a subscriber received nothing of {len(self.model)} "
+                    f"batches published in {PATIENCE_S:.0f} s"
+                )
+                if publish is None:
+                    self.publish(make_batch())
+                else:
+                    publish()
+                sub.drain(20)
+            self.wait_all(sub)
+            self.observe(sub)
+        finally:
+            self.drop(sub)
+
     def index_of(self, payload: bytes) -> int | None:
         """The model index of the batch ``payload`` carries, by its unique ``ts``."""
         ts = ts_of(payload)
