@@ -265,3 +265,25 @@ def test_a_wrong_encoding_is_a_mismatch_naming_the_one_it_speaks() -> None:
     assert found is not None
     assert "nothing this publisher sent decodes under wire=seq-payload encoding=map" in found
     assert "its batches read as encoding=array schema=" in found
+
+
+class _ReadsArrays(KVEventSubscriber):
+    """Declares nothing (map payloads) but decodes arrays."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *, topic: str = "",
+                 **options: Any) -> None:
+        super().__init__(endpoint, replay_endpoint, topic=topic, encoding="array", **options)
+
+
+def test_a_subscriber_reading_another_encoding_is_a_mismatch() -> None:
+    from conformance.contracts.kv_events.subscriber.peer import SubscriberSpec
+    from conformance.contracts.kv_events.subscriber.profile_check import (
+        profile_mismatch as subscriber_mismatch,
+    )
+
+    found = subscriber_mismatch(SubscriberSpec("reads-arrays", _ReadsArrays, {}))
+    assert found is not None
+    assert found.startswith("Profile mismatch: the subscriber delivered none of the batches "
+                            "the suite sent in encoding=map schema=base")
+    assert found.endswith("(it reads encoding=array).")
+    assert subscriber_mismatch(SubscriberSpec("ref", KVEventSubscriber, {})) is None
