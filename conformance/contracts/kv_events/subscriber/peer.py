@@ -40,6 +40,8 @@ from reference_impl.kv_events.schema import (
 )
 from reference_impl.kv_events.wire import (
     DEFAULT_REPLAY_LAYOUT,
+    ENCODINGS,
+    REPLAY_LAYOUTS,
     SCHEMAS,
     ReplayLayout,
     WireProfile,
@@ -120,9 +122,11 @@ class SubscriberSpec:
             raise ConfigError(f"subscriber factory {target!r}: {exc}") from None
         declared = dict(getattr(factory, "zmq_conformance_capabilities", {}) or {})
         declared.update(overrides or {})
-        from conformance.contracts.kv_events.spec import SubscriberCapabilities
-
-        SubscriberCapabilities.from_mapping(declared, origin=f"subscriber {target}")
+        for name, allowed in (("encoding", ENCODINGS), ("schema", tuple(SCHEMAS)),
+                              ("wire", ("both", *REPLAY_LAYOUTS))):
+            if name in declared and declared[name] not in allowed:
+                raise ConfigError(f"subscriber {target}: capability {name!r} must be one of "
+                                  f"{', '.join(allowed)}, not {declared[name]!r}")
         return cls(target, factory, declared)
 
     @property
