@@ -70,17 +70,19 @@ def _probe(spec: PublisherSpec) -> str | None:
         with contextlib.suppress(AssertionError):
             client.read(clause="the profile check", timeout=1.5)
         layouts = {answer.layout for answer in client.answers}
+    speaks_layout = next((layout for layout in REPLAY_LAYOUTS if layout in layouts), None)
     if payloads and not any(_decodes(p, declared) for p in payloads):
         speaks = _guess(payloads, declared)
-        hint = f" (its batches read as {speaks})" if speaks else ""
+        if speaks and speaks_layout and speaks_layout != declared.replay_layout:
+            speaks = f"wire={speaks_layout} {speaks}"
+        hint = f" (it speaks {speaks})" if speaks else ""
         return (f"Profile mismatch: nothing this publisher sent decodes under "
                 f"{declared.describe()}, so no clause is judged; declare the profile it "
                 f"speaks{hint}.")
     if layouts and declared.replay_layout not in layouts:
-        other = next(layout for layout in REPLAY_LAYOUTS if layout in layouts)
         return (f"Profile mismatch: no replay answer of this publisher is in the declared "
                 f"layout wire={declared.replay_layout}, so no clause is judged; declare the "
-                f"profile it speaks (it answers in wire={other}).")
+                f"profile it speaks (it answers in wire={speaks_layout}).")
     return None
 
 
@@ -93,12 +95,18 @@ def _decodes(payload: bytes, profile: WireProfile) -> bool:
 
 
 def _guess(payloads: list[bytes], declared: WireProfile) -> str | None:
-    """The encoding and schema versions under which every payload is exact, if any."""
+    """The encoding and schema versions under which every payload is exact, if any.
+
+    vLLM's versions are named before ``base`` (a vLLM batch that fits ``base``
+    fits its own release too); several that fit are given as a range.
+    """
     for encoding in ENCODINGS:
         fits = [name for name in SCHEMAS
                 if all(validate_payload(p, WireProfile(declared.replay_layout, encoding, name))
                        is None for p in payloads)]
-        if fits:
-            schemas = fits[0] if len(fits) == 1 else f"{fits[0]} (or up to {fits[-1]})"
-            return f"encoding={encoding} schema={schemas}"
+        named = [name for name in fits if name != "base"] or fits
+        if named:
+            schema = named[0] if len(named) == 1 else f"{named[0]} (any of {named[0]} to " \
+                f"{named[-1]} fits what it sent)"
+            return f"encoding={encoding} schema={schema}"
     return None
