@@ -264,7 +264,7 @@ def test_a_wrong_encoding_is_a_mismatch_naming_the_one_it_speaks() -> None:
     found = profile_mismatch(make_spec(_SpeaksArrays))
     assert found is not None
     assert "nothing this publisher sent decodes under wire=seq-payload encoding=map" in found
-    assert "(it speaks encoding=array schema=" in found
+    assert "declare the profile it speaks, encoding=array schema=" in found
 
 
 class _ReadsArrays(KVEventSubscriber):

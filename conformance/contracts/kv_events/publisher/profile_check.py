@@ -75,7 +75,7 @@ def _probe(spec: PublisherSpec) -> str | None:
         speaks = _guess(payloads, declared)
         if speaks and speaks_layout and speaks_layout != declared.replay_layout:
             speaks = f"wire={speaks_layout} {speaks}"
-        hint = f" (it speaks {speaks})" if speaks else ""
+        hint = f", {speaks}" if speaks else ""
         return (f"Profile mismatch: nothing this publisher sent decodes under "
                 f"{declared.describe()}, so no clause is judged; declare the profile it "
                 f"speaks{hint}.")
