@@ -479,15 +479,25 @@ def test_replays_are_read_in_every_declared_layout(kv_subscriber_spec: Subscribe
                 s.drive_until(lambda last=closer: last in s.seqs(),  # type: ignore[misc]
                               timeout=_bound(spec, 3),
                               what=f"seq {closer} delivered after the gap")
+                timed_out = False
             except AssertionError:
+                timed_out = True
+            s.drive_for(0.05)
+            if not any(r.start is not None for r in fake.requests):
+                # No replay was asked for: EVS-1's defect, and no evidence about layouts.
+                raise AssertionError(
+                    f"EVS-1: the subscriber asked for no replay of a gap of {missing} batches, "
+                    f"so whether it reads the {layout} layout cannot be judged; delivered "
+                    f"seqs {s.seqs()}"
+                )
+            if timed_out:
                 others = [w for w in ("seq-payload", "topic-seq-payload") if w != layout]
                 raise AssertionError(
                     f"EVS-8: the gap's {missing} batches, replayed in layout {layout} "
                     f"{_LAYOUT_FRAMES[layout]}, were not delivered: the subscriber does not "
                     f"read that layout (declare wire={others[0]} if it reads only that one); "
                     f"delivered seqs {s.seqs()}"
-                ) from None
-            s.drive_for(0.05)
+                )
             s.check_delivered(_expected(fake, list(range(closer + 1))))
 
 
