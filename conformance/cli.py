@@ -21,7 +21,9 @@ Exit status:
 * 1: a clause failed, was flaky (failed only in some of its re-runs), was
   blocked (a call or the test hung), crashed (the process running it died) or
   unexpectedly passed;
-* 2: usage or configuration error (bad ``--transport``, unknown profile,
+* 2: usage or configuration error (bad ``--transport``, a ``--driver`` that
+  cannot start, exits at start, writes junk or speaks another protocol
+  version, unknown profile,
   bad capability, unreadable xfail file, ``-k`` selecting nothing);
 * 3: the suite could not run (collection error, internal error, interrupt:
   SIGINT/SIGTERM stop the child and its workers and the reports of what ran

@@ -2,9 +2,10 @@
 
 A static walk of every ``import`` in the project's packages (at any depth:
 a function-level or ``TYPE_CHECKING`` import is a dependency too) checks
-that there is no import circle among the project's modules, that no module
-of the core (``conformance/`` outside ``contracts/``, and ``chaos/``) imports
-a family package, and that no family package imports another. Only explicit
+that there is no import circle among the project's modules, that imports run
+down the layers of docs/architecture.md, that no module of the core
+(``conformance/`` outside ``contracts/``, and ``chaos/``) imports a family
+package, and that no family package imports another. Only explicit
 imports count: importing ``a.b.c`` also runs ``a`` and ``a.b``, but a
 package's ``__init__`` running before its submodules is how packages work,
 not a circle.
@@ -148,6 +149,30 @@ def _cycles() -> list[list[str]]:
     return found
 
 
+def _layer(module: str) -> int | None:
+    """The layer of docs/architecture.md a module sits in (higher imports lower)."""
+    if module.startswith("reference_impl"):
+        return 0
+    if (module in ("conformance", "conformance.errors", "conformance.clauses")
+            or module.startswith(("conformance.supervision", "conformance.testing", "chaos"))
+            or (_family(module) is not None and module.endswith(".clauses"))):
+        return 1
+    if module == REGISTRY:
+        return 2
+    if (module.startswith(("conformance.config", "conformance.reporting", "conformance.drivers"))
+            or module in ("conformance.selfcheck", "conformance.selfcheck.mutants")):
+        return 3
+    if _family(module) is not None:
+        return 4
+    if module.startswith("conformance.selfcheck"):
+        return 5
+    if module in ("conformance.cli", "conformance.plugin"):
+        return 6
+    if module.startswith("benchmarks"):
+        return 7
+    return None
+
+
 def test_the_walk_sees_the_project() -> None:
     assert "conformance.cli" in GRAPH
     assert "conformance.contracts.p2p.clauses" in GRAPH[REGISTRY]
@@ -162,6 +187,21 @@ def test_no_import_circles() -> None:
         for circle in circles
     ]
     assert not circles, "import circles (the imports within each):\n" + "\n".join(described)
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [m for m in GRAPH if _layer(m) is None]
+    assert not unplaced, f"modules outside the layers of docs/architecture.md: {unplaced}"
+
+
+def test_imports_run_down_the_layers() -> None:
+    upwards = [
+        f"{module}:{line} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+        for module, edges in GRAPH.items()
+        for target, line in edges.items()
+        if (_layer(target) or 0) > (_layer(module) or 0)
+    ]
+    assert not upwards, "imports against the layers:\n" + "\n".join(upwards)
 
 
 def test_the_core_names_no_family() -> None:

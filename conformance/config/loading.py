@@ -25,8 +25,12 @@ DEFAULT_TRANSPORT: Final = CONTRACTS[DEFAULT_CONTRACT].default_factory
 ENV_TRANSPORT: Final = "ZMQ_CONFORMANCE_TRANSPORT"
 
 
-def load_factory(path: str, *, option: str = "--zmq-transport") -> Callable[..., Any]:
+def load_factory(path: str, *, option: str = "--zmq-transport",
+                 objects: bool = False) -> Callable[..., Any]:
     """Resolve ``MODULE:ATTR`` (``ATTR`` may be dotted) to a callable.
+
+    With ``objects`` (a contract whose implementation may be a plain object,
+    :attr:`Contract.objects`) the target need not be callable.
 
     The current directory is importable, so a user's own checkout works
     without installing it. Errors are one-line :class:`ConfigError`s that name
@@ -55,7 +59,7 @@ def load_factory(path: str, *, option: str = "--zmq-transport") -> Callable[...,
             raise ConfigError(
                 f"{option}={path!r}: {module_name!r} has no attribute {attr_path!r}"
             ) from None
-    if not callable(target):
+    if not callable(target) and not objects:
         raise ConfigError(f"{option}={path!r}: {attr_path!r} is not callable")
     return target  # type: ignore[no-any-return]
 
@@ -86,7 +90,7 @@ def contract_spec_from_path(contract: Contract, path: str, *,
                             overrides: Mapping[str, Any] | None = None,
                             option: str = "--zmq-transport") -> Any:
     """Load ``MODULE:ATTR``, check that it fits ``contract`` and build its spec."""
-    factory = load_factory(path, option=option)
+    factory = load_factory(path, option=option, objects=contract.objects)
     check_fits(factory, contract, path=path, option=option)
     return contract.spec_builder()(factory, name=path, overrides=overrides,
                                    origin="--zmq-capability")

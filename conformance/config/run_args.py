@@ -45,6 +45,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contract", metavar="NAME", default=None,
                         help=f"the contract to check: {', '.join(contracts.CONTRACTS)} (default "
                              f"{contracts.DEFAULT_CONTRACT})")
+    parser.add_argument("--driver", metavar="CMD", default=None,
+                        help="a driver command to test instead of MODULE:ATTR, for an "
+                             "implementation in any language (docs/drivers.md)")
     parser.add_argument("--transport", metavar="MODULE:ATTR",
                         help=f"factory of the implementation under test, shaped as the contract "
                              f"needs (default: ${ENV_TRANSPORT}, then the pytest ini option "
@@ -113,7 +116,18 @@ def pytest_args(
                                              kind=contract.capability_type())
     for item in args.capability:
         out += ["--zmq-capability", item]
-    if args.transport is not None:
+    if args.driver is not None and args.transport is not None:
+        raise ConfigError("--driver and --transport both name the implementation under test; "
+                          "give one of them")
+    if args.driver is not None:
+        from conformance.drivers import driver_spec, shutdown
+
+        try:
+            driver_spec(contract, args.driver, overrides=overrides, option="--driver")
+        finally:
+            shutdown()
+        out += ["--zmq-driver", args.driver]
+    elif args.transport is not None:
         contract_spec_from_path(contract, args.transport, overrides=overrides,
                                 option="--transport")
         out += ["--zmq-transport", args.transport]

@@ -13,6 +13,10 @@ Implementation precedence (highest first): a ``zmq_transport_factory``
 fixture the user overrides (handled in :mod:`conformance.config.fixtures`);
 ``--zmq-transport MODULE:ATTR``; the ``zmq_transport`` ini option; the
 ``ZMQ_CONFORMANCE_TRANSPORT`` environment variable; the contract's reference.
+A driver command (``--zmq-driver CMD``, ini ``zmq_driver``,
+``ZMQ_CONFORMANCE_DRIVER``; :mod:`conformance.drivers`) takes the place of
+``MODULE:ATTR`` at its level: it beats a transport set at a lower level, and
+both set at the same level is an error.
 
 Capabilities a transport cannot declare itself come from the ini option
 ``zmq_capabilities`` (one ``name=value`` per line) and the repeatable option
@@ -193,6 +197,13 @@ def build_spec(config: pytest.Config, contract: Contract | None = None) -> Any:
     if contract.name == session.name:
         path, origin = configured_transport(config)
         overrides = configured_capabilities(config)
+        driver = configured_driver(config, transport_origin=origin)
+        if driver is not None:
+            from conformance.drivers import driver_spec
+
+            command, driver_origin = driver
+            spec = driver_spec(contract, command, overrides=overrides, option=driver_origin)
+            return with_nodes(config, contract, spec)
     else:
         path, origin, overrides = contract.default_factory, "default transport", {}
     spec = contract_spec_from_path(contract, path, overrides=overrides, option=origin)
@@ -221,6 +232,34 @@ def configured_transport(config: pytest.Config) -> tuple[str, str]:
         config.getoption("zmq_transport"), ini, os.environ.get(ENV_TRANSPORT),
         default=configured_contract(config).default_factory,
     )
+
+
+_LEVELS = {"--zmq-transport": 0, "--zmq-driver": 0, "ini zmq_transport": 1,
+           "ini zmq_driver": 1, ENV_TRANSPORT: 2}
+
+
+def configured_driver(config: pytest.Config, *,
+                      transport_origin: str) -> tuple[str, str] | None:
+    """``(command, origin)`` of the configured driver when it beats the transport setting."""
+    from conformance.drivers import ENV_DRIVER
+
+    option = config.getoption("zmq_driver", None)
+    ini = str(config.getini("zmq_driver") or "").strip()
+    env = os.environ.get(ENV_DRIVER, "").strip()
+    if option:
+        found = (str(option), "--zmq-driver")
+    elif ini:
+        found = (ini, "ini zmq_driver")
+    elif env:
+        found = (env, ENV_DRIVER)
+    else:
+        return None
+    level = _LEVELS.get(found[1], 2)
+    other = _LEVELS.get(transport_origin, 3)
+    if level == other:
+        raise ConfigError(f"{found[1]} and {transport_origin} both name the implementation "
+                          "under test; give one of them")
+    return found if level < other else None
 
 
 def configured_capabilities(config: pytest.Config) -> dict[str, Any]:

@@ -66,9 +66,19 @@ class Contract:
         factory_shape: the call the suite makes, for error messages.
         probe: arguments (positional, keyword) the factory must accept; a
             factory whose signature cannot bind them does not fit.
+        objects: the implementation may be a plain object (not callable),
+            e.g. one with ``server``/``client`` attributes.
+        preflight: ``MODULE:ATTR`` of ``preflight(spec)``, run once per session
+            before any test (in the xdist controller); it raises
+            :class:`ConfigError` when no clause can be judged (a wire profile
+            mismatch), which ends the run as a usage error with its message.
         nodes: ``MODULE:ATTR`` of ``nodes_spec(spec, mode, *, option)``, which
             applies a ``--nodes`` / ``--zmq-nodes`` choice (:data:`NODE_MODES`)
             to a spec; ``None``: the contract's nodes run in the test process only.
+        driver: ``MODULE:ATTR`` of ``proxy(command, hello)``, the factory (or
+            implementation object) that puts a driver process in place of a
+            Python implementation (``--driver``, :mod:`conformance.drivers`);
+            empty while the contract has no driver bridge.
     """
 
     name: str
@@ -83,7 +93,10 @@ class Contract:
     capabilities: str
     factory_shape: str
     probe: tuple[tuple[Any, ...], Mapping[str, Any]] = field(default=((), {}))
+    objects: bool = False
+    preflight: str = ""
     nodes: str | None = None
+    driver: str = ""
 
     def spec_builder(self) -> Callable[..., Any]:
         builder: Callable[..., Any] = resolve(self.make_spec)
@@ -117,6 +130,7 @@ _P2P_CONTRACT = Contract(
     factory_shape="factory(local_id: str, host: str, port: int)",
     probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
     nodes="conformance.contracts.p2p.process_nodes:nodes_spec",
+    driver="conformance.contracts.p2p.driver:TransportFactory",
 )
 
 _PUBLISHER_CONTRACT = Contract(
@@ -132,6 +146,7 @@ _PUBLISHER_CONTRACT = Contract(
     capabilities="conformance.contracts.kv_events.spec:PublisherCapabilities",
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
+    driver="conformance.contracts.kv_events.driver:PublisherFactory",
 )
 
 _SUBSCRIBER_CONTRACT = Contract(
@@ -147,6 +162,7 @@ _SUBSCRIBER_CONTRACT = Contract(
     capabilities="conformance.contracts.kv_events.spec:SubscriberCapabilities",
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
+    driver="conformance.contracts.kv_events.driver:SubscriberFactory",
 )
 
 _CONTROL_CONTRACT = Contract(
@@ -164,6 +180,9 @@ _CONTROL_CONTRACT = Contract(
     "client(endpoint, *, heartbeat_ivl_ms, heartbeat_timeout_ms, request_timeout_ms, "
     "register), or a callable of no arguments returning one",
     probe=((), {}),
+    driver="conformance.contracts.control.driver:ControlDriver",
+    objects=True,
+    preflight="conformance.contracts.control.preflight:check_profile",
 )
 
 #: Every contract by name, in the order ``list`` shows them.

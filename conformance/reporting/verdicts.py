@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from conformance.clauses import Clause
-from conformance.contracts import CLAUSES
+from conformance.contracts import CLAUSES, DEFAULT_CONTRACT
 from conformance.errors import CallBlocked
 from conformance.supervision.reruns import Tally
 
@@ -54,6 +54,31 @@ _MAX_TEXT = 4000
 #: How Hypothesis introduces the shrunk example in its exception notes
 #: ("Falsifying example:" before 6.1xx, "Failing test case:" since).
 _EXAMPLE_PREFIXES = ("Falsifying", "Failing test case")
+
+
+#: Lines Hypothesis appends to an exception's text (a skip reason included).
+_HYPOTHESIS_NOTES = ("Failing explicit example", "Falsifying", "Failing test case",
+                     "You can reproduce", "Explanation:")
+
+
+def strip_hypothesis_notes(text: str) -> str:
+    """``text`` up to the first note Hypothesis appended (its example, its replay hint)."""
+    kept: list[str] = []
+    for line in text.splitlines():
+        if line.lstrip().startswith(_HYPOTHESIS_NOTES):
+            break
+        kept.append(line)
+    return "\n".join(kept).strip()
+
+
+def one_reason(reasons: Sequence[str], clause_id: str = "") -> str | None:
+    """One readable sentence for a skipped clause (several glued together read as one
+    garbled sentence): the first reason that names the clause, else the first direct one,
+    else the first "inconclusive" one."""
+    named = [r for r in reasons if clause_id and r.startswith(clause_id)]
+    direct = [r for r in reasons if not r.startswith("inconclusive")]
+    chosen = named or direct or list(reasons)
+    return chosen[0] if chosen else None
 
 
 def strongest(outcomes: Iterable[str]) -> str:
@@ -268,7 +293,7 @@ class RunReport:
     #: Configuration warnings of the run (e.g. xfail entries that matched nothing).
     warnings: list[str] = field(default_factory=list)
     #: The contract checked (:mod:`conformance.contracts`).
-    contract: str = "p2p"
+    contract: str = DEFAULT_CONTRACT
 
     @property
     def failed(self) -> bool:
@@ -310,13 +335,13 @@ class ReplayContext:
     profile: str
     seed: int | str | None
     chaos: bool = False
-    contract: str = "p2p"
+    contract: str = DEFAULT_CONTRACT
 
     def commands(self, k_expr: str) -> tuple[str, str]:
         """``(zmq-conformance command, pytest command)`` rerunning ``k_expr``."""
         cli = ["zmq-conformance", "run"]
         plain = ["pytest", "--zmq-conformance-only"]
-        if self.contract != "p2p":
+        if self.contract != DEFAULT_CONTRACT:
             cli += ["--contract", self.contract]
             plain += ["--zmq-contract", self.contract]
         if self.transport:
@@ -402,7 +427,9 @@ def _verdict(
             best = min(with_example, key=lambda t: len(t.counterexample or ""))
             result.counterexample = best.counterexample
             deciding = [best]
-    if verdict in ("skipped", "xfailed", "xpassed", "blocked", "crashed"):
+    if verdict == "skipped":
+        result.reason = one_reason([t.reason for t in deciding if t.reason], clause.id)
+    elif verdict in ("xfailed", "xpassed", "blocked", "crashed"):
         reasons = [t.reason for t in deciding if t.reason]
         result.reason = "; ".join(dict.fromkeys(reasons)) or None
     elif verdict in ("failed", "flaky"):

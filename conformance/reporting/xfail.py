@@ -21,9 +21,12 @@ and should shrink). Entries that match no collected test produce a warning.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
@@ -107,3 +110,47 @@ def match(
                     bucket.append(entry.reason)
     unmatched = [e for i, e in enumerate(entries) if i not in used]
     return {k: "; ".join(v) for k, v in reasons.items()}, unmatched
+
+
+class ZmqConformanceWarning(pytest.PytestWarning):
+    """A configuration smell that does not stop the run (e.g. an unmatched xfail entry)."""
+
+
+#: The reason of a test the xfail file expects to fail (set at collection).
+XFAIL_KEY = pytest.StashKey[str]()
+
+
+def apply(
+    config: pytest.Config, entries: Sequence[XfailEntry], origin: str,
+    tagged: Sequence[tuple[pytest.Item, tuple[str, ...]]],
+) -> list[str] | None:
+    """Mark the tests ``entries`` (read from ``origin``) expect to fail (strict xfail);
+    warn once per run about each entry that matches nothing, and return those warnings
+    (``None`` without entries)."""
+    if not entries:
+        return None
+    reasons, unmatched = match(entries, [(item.nodeid, ids) for item, ids in tagged])
+    for item, _ in tagged:
+        reason = reasons.get(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+            item.stash[XFAIL_KEY] = reason
+            item.user_properties.append(("zmq_xfail", reason))
+    messages: list[str] = []
+    for entry in unmatched:
+        what = "unknown clause" if unknown_clauses([entry]) else "no test"
+        messages.append(
+            f"{entry.describe(origin)} matches {what}; remove or fix the entry"
+        )
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        # xdist: the controller collects nothing; it learns these at pytest_testnodedown.
+        config.workeroutput["zmq_conformance_warnings"] = messages  # type: ignore[attr-defined]
+        if worker.get("workerid") != "gw0":
+            return messages  # one warning per run, not one per worker
+    for entry, message in zip(unmatched, messages, strict=True):
+        warnings.warn_explicit(
+            ZmqConformanceWarning(message), ZmqConformanceWarning,
+            origin, entry.line,
+        )
+    return messages

@@ -1,7 +1,22 @@
-"""Several targeted self-check runs in one process: what a child costs to start, paid once.
+"""Many mutants in few processes: the one batching mechanism of self-check, for every family.
 
-A targeted run of a mutant (the tests of the clauses it targets, stopping at
-the first failure) is short; started as ``zmq-conformance run`` it costs three
+A batch is a list of :class:`Job` (a mutant: its factory, its target clauses,
+optionally the only test functions to run) and one :class:`RunSettings` (the
+options of a lone run: profile, seed, shrink budget, contract, extra
+arguments), written to a spec file by :func:`write_spec`. Batches are shared
+through a directory by *claims* (below), and run in one of two ways:
+
+- **a driver, one session per job** (:func:`run_jobs`,
+  ``python -m conformance.selfcheck.batch SPEC``): each job is exactly the
+  targeted run ``zmq-conformance run`` would make, with its verdicts
+  (``self-check``);
+- **one session for all jobs** (:func:`run_together`, the in-session plugin
+  :mod:`conformance.selfcheck.batch_session`): the suite's tests are
+  parametrized over the jobs and each job stops at its first failure; cheaper
+  still, for the project's per-mutant tests of a family's catalog.
+
+Why a driver: a targeted run of a mutant (the tests of the clauses it
+targets, stopping at the first failure) is short; started as ``zmq-conformance run`` it costs three
 interpreters (the CLI, pytest, an xdist worker) that import pytest,
 Hypothesis, pyzmq and the suite before the first test. A *batch driver*
 (``python -m conformance.selfcheck.batch SPEC``) imports all that once and
@@ -34,7 +49,9 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,7 +60,10 @@ from typing import Any, Final
 
 from conformance.supervision import lifeline
 
-__all__ = ["CLAIM", "DONE", "Job", "RunSettings", "claim", "main", "state"]
+__all__ = [
+    "CLAIM", "DONE", "RESULTS", "Job", "RunSettings", "claim", "finish", "main", "read_spec",
+    "run_jobs", "run_together", "state", "write_spec",
+]
 
 #: In a run's directory: the claiming driver's process id.
 CLAIM: Final = "claim"
@@ -51,6 +71,13 @@ CLAIM: Final = "claim"
 DONE: Final = "done.json"
 VERDICTS: Final = "verdicts.json"
 LOG: Final = "output.log"
+#: In the run directory of a batch run together: each job's test outcomes.
+RESULTS: Final = "results.json"
+#: The options of :mod:`conformance.selfcheck.batch_session`: the spec, and its report.
+SESSION_OPTION: Final = "--selfcheck-batch"
+SESSION_REPORT_OPTION: Final = "--selfcheck-batch-report"
+#: A batch run together is killed after this long (seconds); its jobs then have no report.
+TOGETHER_LIMIT_S: Final = 300
 
 
 @dataclass(frozen=True)
@@ -60,6 +87,9 @@ class Job:
     tag: str
     factory: str
     clauses: tuple[str, ...]
+    #: Only these test functions of the clauses' tests (empty: all of them); honoured
+    #: by :func:`run_together`.
+    tests: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +112,13 @@ def claim(shared: Path, tag: str) -> bool:
         return False
     (rundir / CLAIM).write_text(str(os.getpid()), encoding="utf-8")
     return True
+
+
+def finish(rundir: Path, done: dict[str, Any]) -> None:
+    """Mark the claimed run in ``rundir`` finished (atomically: a reader never sees half)."""
+    tmp = rundir / (DONE + ".tmp")
+    tmp.write_text(json.dumps(done), encoding="utf-8")
+    tmp.replace(rundir / DONE)
 
 
 def state(shared: Path, tag: str) -> str:
@@ -146,10 +183,7 @@ def run_jobs(jobs: Sequence[Job], settings: RunSettings, shared: Path, *,
             except Exception as exc:  # a broken option: this run is an error, not the next
                 print(f"batch: {type(exc).__name__}: {exc}", flush=True)
                 code = 3
-        done = {"exit_code": code, "seconds": round(time.monotonic() - began, 3)}
-        tmp = rundir / (DONE + ".tmp")
-        tmp.write_text(json.dumps(done), encoding="utf-8")
-        tmp.replace(rundir / DONE)
+        finish(rundir, {"exit_code": code, "seconds": round(time.monotonic() - began, 3)})
 
 
 def _exit_status(pytest_status: int, verdicts: Path) -> int:
@@ -183,16 +217,101 @@ def _output_to(path: Path) -> Iterator[None]:
 
 def write_spec(path: Path, jobs: Sequence[Job], settings: RunSettings, shared: Path,
                budget_s: float | None) -> None:
+    """The spec of a batch, read by the driver and the in-session plugin (:func:`read_spec`)."""
     data: dict[str, Any] = {
         "shared": str(shared),
         "budget_s": budget_s,
         "settings": {"profile": settings.profile, "seed": settings.seed,
                      "shrink_seconds": settings.shrink_seconds,
                      "contract": settings.contract, "run_args": list(settings.run_args)},
-        "jobs": [{"tag": j.tag, "factory": j.factory, "clauses": list(j.clauses)}
+        "jobs": [{"tag": j.tag, "factory": j.factory, "clauses": list(j.clauses),
+                  "tests": list(j.tests)}
                  for j in jobs],
     }
     path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def read_spec(path: Path) -> tuple[list[Job], RunSettings, Path, float | None]:
+    """The jobs, settings, shared directory and budget :func:`write_spec` wrote."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    raw = data["settings"]
+    settings = RunSettings(str(raw["profile"]), int(raw["seed"]), int(raw["shrink_seconds"]),
+                           str(raw["contract"]), tuple(raw["run_args"]))
+    jobs = [Job(str(j["tag"]), str(j["factory"]), tuple(j["clauses"]),
+                tuple(j.get("tests", ()))) for j in data["jobs"]]
+    budget = data.get("budget_s")
+    return jobs, settings, Path(data["shared"]), None if budget is None else float(budget)
+
+
+def run_together(tag: str, jobs: Sequence[Job], settings: RunSettings, shared: Path, *,
+                 suite: Path) -> dict[str, Any]:
+    """The outcomes of ``jobs`` run in one pytest session of ``suite``, under ``tag``.
+
+    The run is claimed like any other (:func:`claim`): the first caller runs it
+    and the others wait for its ``done.json``; a run lost with its caller is
+    run again by the next one, outside the shared directory. Returns
+    ``{"results": {job: [outcome, ...]}, "output": text}``, where an outcome
+    is ``{"test", "when", "outcome", "text"}`` (``crashed`` when the session's
+    process died by a signal in that test).
+    """
+    shared.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + 2 * TOGETHER_LIMIT_S
+    while time.monotonic() < deadline:
+        where = state(shared, tag)
+        if where == "done":
+            data: dict[str, Any] = json.loads((shared / tag / RESULTS).read_text())
+            return data
+        if where == "lost":
+            break
+        if where == "unclaimed" and claim(shared, tag):
+            rundir = shared / tag
+            began = time.monotonic()
+            _together(jobs, settings, suite, rundir)
+            finish(rundir, {"exit_code": None, "seconds": round(time.monotonic() - began, 3)})
+            continue
+        time.sleep(0.05)
+    with tempfile.TemporaryDirectory(prefix="zmq-selfcheck-") as private:
+        _together(jobs, settings, suite, Path(private))
+        lost: dict[str, Any] = json.loads((Path(private) / RESULTS).read_text())
+        return lost
+
+
+def _together(jobs: Sequence[Job], settings: RunSettings, suite: Path, rundir: Path) -> None:
+    """One pytest child over ``suite`` with :mod:`conformance.selfcheck.batch_session`;
+    its report goes to ``rundir``/:data:`RESULTS`."""
+    from conformance.selfcheck import clause_filter
+
+    spec = rundir / "spec.json"
+    write_spec(spec, jobs, settings, rundir, None)
+    partial = rundir / "session.json"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "--zmq-contract", settings.contract, "--zmq-profile", settings.profile,
+               "--zmq-reruns", "0", "--hypothesis-seed", str(settings.seed),
+               "-p", "conformance.selfcheck.clause_filter", clause_filter.SHRINK_OPTION,
+               str(settings.shrink_seconds),
+               "-p", "conformance.selfcheck.batch_session", SESSION_OPTION, str(spec),
+               SESSION_REPORT_OPTION, str(partial), *settings.run_args,
+               "--rootdir", str(suite), str(suite)]
+    returncode: int | None = None
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True,
+                              timeout=TOGETHER_LIMIT_S, check=False)
+        output = proc.stdout[-6000:] + proc.stderr[-2000:]
+        returncode = proc.returncode
+    except subprocess.TimeoutExpired as exc:  # killed: its jobs get no report
+        output = f"the batch's pytest child did not finish in {TOGETHER_LIMIT_S} s: {exc}"
+    data = json.loads(partial.read_text()) if partial.exists() else {}
+    found: dict[str, list[dict[str, str]]] = data.get("results", {})
+    running = data.get("running")
+    if running and returncode is not None and returncode < 0:
+        # The process died by a signal inside this test: a "crashed" verdict of its clauses.
+        found.setdefault(running["mutant"], []).append({
+            "test": running["test"], "when": "call", "outcome": "crashed",
+            "text": f"{', '.join(running['clauses'])}: the test process died by signal "
+                    f"{-returncode} during {running['test']} (crashed)"})
+    tmp = rundir / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps({"results": found, "output": output}))
+    tmp.replace(rundir / RESULTS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,14 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m conformance.selfcheck.batch SPEC.json", file=sys.stderr)
         return 2
-    data = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    raw = data["settings"]
-    settings = RunSettings(str(raw["profile"]), int(raw["seed"]), int(raw["shrink_seconds"]),
-                           str(raw["contract"]), tuple(raw["run_args"]))
-    jobs = [Job(str(j["tag"]), str(j["factory"]), tuple(j["clauses"])) for j in data["jobs"]]
-    budget = data.get("budget_s")
-    run_jobs(jobs, settings, Path(data["shared"]),
-             budget_s=None if budget is None else float(budget))
+    jobs, settings, shared, budget = read_spec(Path(args[0]))
+    run_jobs(jobs, settings, shared, budget_s=budget)
     return 0
 
 

@@ -161,7 +161,7 @@ class _Config:
     shrink_seconds: int
     run_args: tuple[str, ...]
     workdir: Path
-    contract: str = "p2p"
+    contract: str = contracts.DEFAULT_CONTRACT
     #: Where the runs cache compiled bytecode (``PYTHONPYCACHEPREFIX``), shared by
     #: all of them; ``None``: as the environment says.
     pycache: Path | None = None
@@ -333,11 +333,8 @@ def _run_alone(mutant: Mutant, config: _Config, shared: Path) -> None:
     left in ``shared`` as a batch driver leaves its runs."""
     rundir = shared / mutant.name
     run = _stage_run(mutant, config, rundir)
-    done = {"exit_code": run.exit_code, "seconds": round(run.seconds, 3),
-            "timeout": run.status == "timeout"}
-    tmp = rundir / (batch.DONE + ".tmp")
-    tmp.write_text(json.dumps(done), encoding="utf-8")
-    tmp.replace(rundir / batch.DONE)
+    batch.finish(rundir, {"exit_code": run.exit_code, "seconds": round(run.seconds, 3),
+                          "timeout": run.status == "timeout"})
 
 
 def _read_run(shared: Path, mutant: Mutant) -> SuiteRun:

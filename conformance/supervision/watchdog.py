@@ -44,7 +44,8 @@ from typing import Any, ParamSpec, TypeVar
 from conformance.errors import CallBlocked
 
 __all__ = [
-    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test",
+    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
+    "progress",
     "set_block_hook", "set_default_limit", "set_progress_hook",
 ]
 
@@ -102,6 +103,19 @@ def set_progress_hook(hook: Callable[[], None] | None) -> None:
     _progress = hook
 
 
+def progress() -> None:
+    """The suite itself is making progress (waiting for a reply that may never come, driving
+    a poll loop): push the stall deadline back, exactly as a guarded call does.
+
+    The stall deadline exists for calls into the implementation that never
+    return; the suite's own bounded waits are not hangs, and a test that
+    waits on a silent peer must end with its own verdict ("no reply"), not
+    ``blocked``.
+    """
+    if _progress is not None:
+        _progress()
+
+
 def set_block_hook(hook: Callable[[], None] | None) -> None:
     """Call ``hook`` when a call blocks for the first time in a test (``None``: stop)."""
     global _on_block
@@ -112,6 +126,16 @@ def new_test() -> None:
     """A test starts: limits are whole again (see the module docstring)."""
     global _blocked_in_test
     _blocked_in_test = False
+
+
+def note_block() -> None:
+    """A call ended in a way that decides the test's verdict without a guard firing (a
+    driver process that crashed): cut later limits and run the block hook, as a fired
+    guard does, so shrinking an example that fails the same way every time stays cheap."""
+    global _blocked_in_test
+    if not _blocked_in_test and _on_block is not None:
+        _on_block()
+    _blocked_in_test = True
 
 
 def active() -> bool:

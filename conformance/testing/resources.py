@@ -6,6 +6,13 @@ descriptors (``/proc/self/fd``, ``/dev/fd`` or psutil) and OS threads
 (``/proc/self/task`` or psutil), which include libzmq's I/O and reaper
 threads that Python's ``threading`` module never sees.
 
+Implementations that run in driver processes (:mod:`conformance.drivers`)
+are counted where they live: a snapshot adds what each live driver process
+opened since its hello (descriptors keyed ``"pid:fd"``, threads beyond its
+hello-time count) and leaves out the pipes and the helper thread this
+process keeps for drivers, so a driver started in the middle of a
+measurement does not look like a leak (see :func:`add_source`).
+
 Two libzmq facts shape how to use this module:
 
 - The first connection in a context allocates a few descriptors that stay, so
@@ -27,6 +34,7 @@ from typing import Any
 
 __all__ = [
     "ResourceSnapshot",
+    "add_source",
     "snapshot",
     "supported",
     "wait_for_release",
@@ -41,7 +49,7 @@ _TASK_DIR = "/proc/self/task"
 class ResourceSnapshot:
     """Open descriptors (number -> what it points at) and the OS thread count."""
 
-    fds: Mapping[int, str]
+    fds: Mapping[int | str, str]
     threads: int
 
     @property
@@ -67,9 +75,35 @@ def supported() -> bool:
     return _fd_dir() is not None or _psutil_process() is not None
 
 
+#: What another part of the suite holds or runs elsewhere (see :func:`add_source`).
+Source = Callable[[], tuple[set[int], int, dict[str, str], int]]
+_sources: list[Source] = []
+
+
+def add_source(source: Source) -> None:
+    """Count resources that live outside this process, and leave out some that live in it.
+
+    ``source()`` returns ``(hidden_fds, hidden_threads, fds, threads)``: this
+    process's descriptors and number of threads that belong to the suite's
+    machinery rather than to the implementation (left out), and the
+    descriptors (keyed by any unique string) and threads the implementation
+    holds in other processes (added).
+    """
+    if source not in _sources:
+        _sources.append(source)
+
+
 def snapshot() -> ResourceSnapshot:
-    """Count this process's open descriptors and OS threads now."""
-    return ResourceSnapshot(fds=_open_fds(), threads=_thread_count())
+    """Count this process's open descriptors and OS threads now (plus :func:`add_source`'s)."""
+    fds: dict[int | str, str] = {fd: what for fd, what in _open_fds().items()}
+    threads = _thread_count()
+    for source in _sources:
+        hidden_fds, hidden_threads, extra_fds, extra_threads = source()
+        for fd in hidden_fds:
+            fds.pop(fd, None)
+        fds.update(extra_fds)
+        threads += extra_threads - hidden_threads
+    return ResourceSnapshot(fds=fds, threads=threads)
 
 
 def wait_until_stable(

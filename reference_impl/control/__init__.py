@@ -2,13 +2,14 @@
 
 ``REFERENCE`` is what ``zmq-conformance run --contract control`` tests by
 default: an implementation object with a ``server`` and a ``client`` factory
-(see :mod:`reference_impl.control.interface`).
+(see :mod:`reference_impl.control.interface`). ``REFERENCE_MQ`` is the same
+code speaking the ``lmcache-mq`` wire profile (:mod:`reference_impl.control.wire`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from reference_impl.control.client import ControlClient
 from reference_impl.control.interface import (
@@ -22,6 +23,7 @@ from reference_impl.control.interface import (
     is_error_reply,
 )
 from reference_impl.control.server import ControlServer
+from reference_impl.control.wire import LMCACHE_MQ, REFERENCE_CODES
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,37 @@ class ControlImplementation:
         return self
 
 
+class MqControlServer(ControlServer):
+    """The reference server on the ``lmcache-mq`` wire (LMCache 0.4.3's PING code)."""
+
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {
+        "request_types": {PING: {}},
+        "head_of_line": "serial",
+        "wire": LMCACHE_MQ,
+        "request_codes": dict(REFERENCE_CODES),
+        "results": {PING: "bool"},
+    }
+
+    def __init__(self, endpoint: str, handlers: Any = None, **options: Any) -> None:
+        options.setdefault("wire", LMCACHE_MQ)
+        super().__init__(endpoint, handlers, **options)
+
+
+class MqControlClient(ControlClient):
+    """The reference client on the ``lmcache-mq`` wire."""
+
+    def __init__(self, endpoint: str, **options: Any) -> None:
+        options.setdefault("wire", LMCACHE_MQ)
+        super().__init__(endpoint, **options)
+
+
 REFERENCE = ControlImplementation(server=ControlServer, client=ControlClient)
+REFERENCE_MQ = ControlImplementation(server=MqControlServer, client=MqControlClient)
 
 __all__ = [
     "PING",
     "REFERENCE",
+    "REFERENCE_MQ",
     "ClientClosed",
     "ControlClient",
     "ControlError",
@@ -53,6 +81,8 @@ __all__ = [
     "ControlServer",
     "Handler",
     "Message",
+    "MqControlClient",
+    "MqControlServer",
     "RequestRejected",
     "RequestTimeout",
     "is_error_reply",

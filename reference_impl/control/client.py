@@ -20,6 +20,13 @@ makes ``alive`` False; any reply makes it True again. After a silent
 partition the first PING that cannot be answered leaves within one interval,
 so detection lands in ``[timeout, timeout + interval]`` (CTL-5).
 
+Wire: ``rep-envelope`` by default; with ``wire="lmcache-mq"`` the DEALER
+sends ``[request id, request code, *arguments]`` (a body's values are the
+positional arguments) and a reply's result frame is returned as it is, typed
+(``True`` for LMCache's PING); a reply without a result frame is that
+profile's error reply and raises :class:`RequestRejected` (see
+:mod:`reference_impl.control.wire`).
+
 Re-registration: a socket monitor reports every completed ZMTP handshake,
 i.e. every (re)connection to a server instance: at start, after the server
 restarted, after a partition healed or a rebuild. Each one makes the client
@@ -40,11 +47,11 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from reference_impl.control import wire as wire_profiles
 from reference_impl.control.interface import (
     PING,
     ClientClosed,
     ControlError,
-    Message,
     RequestRejected,
     RequestTimeout,
     is_error_reply,
@@ -73,6 +80,9 @@ class ControlClient:
         register: ``(type, body)`` sent by the client itself on every
             (re)connection to a server, or ``None``.
         reconnect_ivl_ms / reconnect_ivl_max_ms: libzmq's reconnect backoff.
+        wire: the wire profile, ``"rep-envelope"`` or ``"lmcache-mq"``.
+        codes: the ``lmcache-mq`` request-code table (type name -> int);
+            default :data:`reference_impl.control.wire.REFERENCE_CODES`.
     """
 
     def __init__(
@@ -85,6 +95,8 @@ class ControlClient:
         register: tuple[str, Mapping[str, Any]] | None = None,
         reconnect_ivl_ms: int = 100,
         reconnect_ivl_max_ms: int = 1000,
+        wire: str = wire_profiles.REP_ENVELOPE,
+        codes: Mapping[str, int] | None = None,
     ) -> None:
         for name, value in (
             ("heartbeat_ivl_ms", heartbeat_ivl_ms),
@@ -95,9 +107,12 @@ class ControlClient:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int (milliseconds), got {value!r}")
+        self._mq = wire_profiles.check_profile(wire) == wire_profiles.LMCACHE_MQ
+        self._codes = dict(wire_profiles.REFERENCE_CODES if codes is None else codes)
+        self._ping_frames = self._request_frames(PING, {})
         if register is not None:
             kind, body = register
-            self._register_payload: bytes | None = _encode_request(kind, body)
+            self._register_payload: list[bytes] | None = self._request_frames(kind, body)
         else:
             self._register_payload = None
         self.endpoint = endpoint
@@ -120,7 +135,8 @@ class ControlClient:
         self._awaiting: int | None = None
         self._rcvtimeo = -1
         self._events_due = 0.0
-        self._answer: Message | None = None
+        self._answer: Any = None
+        self._answered = False
         self._ctx = zmq.Context()
         self._sock: zmq.Socket[bytes] | None = None
         self._monitor: zmq.Socket[bytes] | None = None
@@ -137,11 +153,14 @@ class ControlClient:
         """False once a PING went unanswered for the heartbeat timeout; True after a reply."""
         return self._alive
 
-    def request(self, type: str, body: Mapping[str, Any]) -> Message:
-        """Send ``{"type": type, **body}``; return its success reply or raise (see the module)."""
+    def request(self, type: str, body: Mapping[str, Any]) -> Any:
+        """Send ``{"type": type, **body}``; return its success reply or raise (see the module).
+
+        Under ``lmcache-mq`` the reply is the typed result, whatever its type.
+        """
         if self._closed:
             raise ClientClosed(f"request({type!r}) on a closed ControlClient")
-        payload = _encode_request(type, body)
+        payload = self._request_frames(type, body)
         now = time.monotonic()
         if now >= self._events_due:
             # Socket events (a reconnection to register on) at most every few
@@ -152,11 +171,11 @@ class ControlClient:
                 self._drain_monitor()
         self._housekeeping(now)
         rid = next(self._ids)
-        self._awaiting, self._answer = rid, None
+        self._awaiting, self._answer, self._answered = rid, None, False
         try:
             self._send(rid, payload)
             deadline = time.monotonic() + self._req_timeout
-            while self._answer is None:
+            while not self._answered:
                 now = time.monotonic()
                 if now >= deadline:
                     self._rebuild()
@@ -167,7 +186,7 @@ class ControlClient:
                 self._io(min(deadline, self._next_event()) - now)
             answer = self._answer
         finally:
-            self._awaiting, self._answer = None, None
+            self._awaiting, self._answer, self._answered = None, None, False
         if is_error_reply(answer):
             raise RequestRejected(f"{type!r} rejected by {self.endpoint}: {answer['error']}",
                                   answer)
@@ -207,7 +226,7 @@ class ControlClient:
                 self._rcvtimeo = timeout
             with contextlib.suppress(zmq.Again):
                 self._take(sock.recv_multipart())
-            if self._answer is not None:
+            if self._answered:
                 return  # the caller's reply: the rest waits for the next call
         elif _readable(sock):
             self._drain_replies()
@@ -227,7 +246,7 @@ class ControlClient:
             now = time.monotonic()
         if self._ping is None and now >= self._next_ping_at:
             rid = next(self._ids)
-            if self._send(rid, _PING_PAYLOAD, quiet=True):
+            if self._send(rid, self._ping_frames, quiet=True):
                 self._ping = (rid, now)
             self._next_ping_at = now + self._ivl
         if self._registration is not None and now - self._registration[1] >= self._req_timeout:
@@ -251,10 +270,11 @@ class ControlClient:
             self._ping = None
         self._next_ping_at = time.monotonic()
 
-    def _send(self, rid: int, payload: bytes, *, quiet: bool = False) -> bool:
+    def _send(self, rid: int, payload: list[bytes], *, quiet: bool = False) -> bool:
         assert self._sock is not None
+        head = [wire_profiles.encode(rid)] if self._mq else [rid.to_bytes(8, "big"), b""]
         try:
-            self._sock.send_multipart([rid.to_bytes(8, "big"), b"", payload], _NOBLOCK)
+            self._sock.send_multipart([*head, *payload], _NOBLOCK)
         except zmq.Again:
             if quiet:
                 return False
@@ -268,6 +288,9 @@ class ControlClient:
             self._take(sock.recv_multipart(_NOBLOCK))
 
     def _take(self, frames: list[bytes]) -> None:
+        if self._mq:
+            self._take_mq(frames)
+            return
         if len(frames) != 3 or len(frames[0]) != 8 or frames[1] != b"":
             return  # not an answer to anything we sent
         try:
@@ -277,7 +300,21 @@ class ControlClient:
         if isinstance(reply, dict):
             self._on_reply(int.from_bytes(frames[0], "big"), reply)
 
-    def _on_reply(self, rid: int, reply: Message) -> None:
+    def _take_mq(self, frames: list[bytes]) -> None:
+        rid = wire_profiles.mq_id(frames[0]) if len(frames) in (2, 3) else None
+        if rid is None:
+            return  # not an answer to anything we sent
+        if len(frames) == 2:
+            self._on_reply(rid, {"error": "answered without a result (the lmcache-mq error "
+                                          "reply)"})
+            return
+        try:
+            result = wire_profiles.decode(frames[2])
+        except ValueError:
+            return
+        self._on_reply(rid, result)
+
+    def _on_reply(self, rid: int, reply: Any) -> None:
         """Route one reply by its request id; anything unmatched is stale and dropped."""
         self._alive = True
         if self._ping is not None and rid == self._ping[0]:
@@ -288,7 +325,7 @@ class ControlClient:
                 self._need_register = False
                 self.registrations += 1
         elif rid == self._awaiting:
-            self._answer = reply
+            self._answer, self._answered = reply, True
 
     def _drain_monitor(self) -> None:
         monitor = self._monitor
@@ -346,11 +383,19 @@ class ControlClient:
         self._open()
         if lost is not None:
             rid = next(self._ids)
-            if self._send(rid, _PING_PAYLOAD, quiet=True):
+            if self._send(rid, self._ping_frames, quiet=True):
                 self._ping = (rid, lost[1])
 
 
-_PING_PAYLOAD = _ENCODER.encode({"type": PING})
+    def _request_frames(self, kind: str, body: Mapping[str, Any]) -> list[bytes]:
+        """The frames after the request id: one payload, or lmcache-mq's code and arguments."""
+        payload = _encode_request(kind, body)  # validates both profiles' inputs alike
+        if not self._mq:
+            return [payload]
+        try:
+            return wire_profiles.mq_request(kind, body, self._codes)
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0])) from None
 
 
 def _encode_request(kind: str, body: Mapping[str, Any]) -> bytes:

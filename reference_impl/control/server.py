@@ -4,6 +4,12 @@ Every request gets exactly one reply (CTL-1..3): a handler's dict, or an
 error reply ``{"error": ...}`` for an unknown type, a malformed request or a
 handler that raised. The serve loop never dies because of a request.
 
+Wire: ``rep-envelope`` by default, ``lmcache-mq`` with ``wire="lmcache-mq"``
+(see :mod:`reference_impl.control.wire`); under ``lmcache-mq`` a handler
+receives ``{"type": name, "args": [positional arguments]}`` and may return
+any MessagePack value (a typed result: the built-in PING returns ``True``,
+as LMCache's does), ``None`` for no result frame.
+
 Head of line: ``serial``. Handlers run inline in :meth:`serve`, so a slow
 handler delays the requests queued behind it by its own duration and no
 more (CTL-7). Replies are sent without blocking: a reply to a client that
@@ -18,6 +24,7 @@ from typing import Any, ClassVar, cast
 import msgspec
 import zmq
 
+from reference_impl.control import wire as wire_profiles
 from reference_impl.control.interface import PING, Handler, Message
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -30,6 +37,10 @@ def _pong(request: Message) -> Message:
     return {"type": "PONG"}
 
 
+def _ping_true(request: Message) -> Any:
+    return True
+
+
 class ControlServer:
     """``ControlServer(endpoint, handlers)``: bind a ROUTER on ``endpoint`` and answer requests.
 
@@ -40,6 +51,9 @@ class ControlServer:
             hold the caller.
         max_message_bytes: frames above this are refused by libzmq
             (``ZMQ_MAXMSGSIZE``): the sender's connection is dropped.
+        wire: the wire profile, ``"rep-envelope"`` or ``"lmcache-mq"``.
+        codes: the ``lmcache-mq`` request-code table (type name -> int);
+            default :data:`reference_impl.control.wire.REFERENCE_CODES`.
     """
 
     #: Declared to the conformance suite (see ``reference_impl.control.interface``).
@@ -55,9 +69,14 @@ class ControlServer:
         *,
         max_batch: int = 1000,
         max_message_bytes: int = 16 * 1024 * 1024,
+        wire: str = wire_profiles.REP_ENVELOPE,
+        codes: Mapping[str, int] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self._mq = wire_profiles.check_profile(wire) == wire_profiles.LMCACHE_MQ
+        table = dict(wire_profiles.REFERENCE_CODES if codes is None else codes)
+        self._names = {code: name for name, code in table.items()}
         self._handlers: dict[str, Handler] = self._builtin_handlers()
         self._handlers.update(handlers or {})
         self._max_batch = max_batch
@@ -78,7 +97,7 @@ class ControlServer:
 
     def _builtin_handlers(self) -> dict[str, Handler]:
         """The protocol's own handlers (a hook for subclasses)."""
-        return {PING: _pong}
+        return {PING: _ping_true if self._mq else _pong}
 
     def serve(self, timeout_ms: int) -> int:
         """Wait up to ``timeout_ms`` for requests, answer up to ``max_batch``; return how many.
@@ -103,6 +122,9 @@ class ControlServer:
         return answered
 
     def _answer(self, frames: list[bytes]) -> None:
+        if self._mq:
+            self._answer_mq(frames)
+            return
         identity, rest = frames[0], frames[1:]
         try:
             split = rest.index(b"")
@@ -115,6 +137,44 @@ class ControlServer:
                        {"error": f"malformed request: {len(body)} payload frames, expected 1"})
             return
         self._send([identity, *envelope], self._reply_to(body[0]))
+
+    def _answer_mq(self, frames: list[bytes]) -> None:
+        """``[identity, id, code, *args]``: echo id and code, then the typed result.
+
+        Anything that cannot be answered with a result gets the profile's error
+        reply, the echoed frames alone (a message without even an id frame is
+        dropped: there is nothing to echo).
+        """
+        if len(frames) < 2:
+            self.dropped_replies += 1
+            return
+        head = frames[:3]
+        if len(frames) < 3 or wire_profiles.mq_id(frames[1]) is None:
+            self._send_frames(head)
+            return
+        try:
+            code = wire_profiles.decode(frames[2])
+            args = [wire_profiles.decode(frame) for frame in frames[3:]]
+        except ValueError:
+            self._send_frames(head)
+            return
+        name = self._names.get(code) if isinstance(code, int) else None
+        handler = self._handlers.get(name) if name is not None else None
+        if name is None or handler is None:
+            self._send_frames(head)
+            return
+        try:
+            result = handler({"type": name, "args": args})
+            tail = [] if result is None else [wire_profiles.encode(result)]
+        except Exception:
+            tail = []
+        self._send_frames(head + tail)
+
+    def _send_frames(self, frames: list[bytes]) -> None:
+        try:
+            self._sock.send_multipart(frames, _NOBLOCK)
+        except zmq.ZMQError:  # EAGAIN (queue full), EHOSTUNREACH: the client is gone
+            self.dropped_replies += 1
 
     def _reply_to(self, payload: bytes) -> Message:
         try:

@@ -9,6 +9,16 @@ so the runner notes when each ``serve()`` started and :meth:`ServerRunner.check`
 (called by every wait of the suite) raises :class:`CallBlocked` when one has
 run past the watchdog limit, or reports the exception that killed the loop.
 
+A server without ``serve()`` runs its own I/O thread (LMCache's does): the
+runner builds it and then only watches the threads its factory started. One
+that ends with an exception is reported as the dead loop it is ("the
+server's I/O thread 'mq-server-thread' died: ValidationError: ..."), under
+the clause of the test whose input killed it (:attr:`Rig.clause`).
+
+The suite's own waits (a raw peer waiting for a reply, :meth:`Rig.wait_until`)
+report progress to the stall deadline (:func:`conformance.supervision.watchdog.progress`):
+waiting for a silent server is a "no reply" failure, never ``blocked``.
+
 Every call into a client runs on the main thread under
 :func:`conformance.supervision.watchdog.guard`: ``request()`` gets its own timeout plus
 the watchdog limit, the others the limit.
@@ -20,18 +30,21 @@ Suite values: heartbeat interval 100 ms, timeout 500 ms, request timeout
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeVar
+from typing import Any, NoReturn, Self, TypeVar
 
-import msgspec
+import pytest
 import zmq
 
 from conformance.contracts.control.spec import ControlSpec
+from conformance.contracts.control.wire import PROFILES, Reply, WireProfile
+from conformance.drivers.behaviours import StandardHandler
 from conformance.errors import CallBlocked
 from conformance.supervision import watchdog
 from conformance.testing.net import HOST, free_port, is_address_in_use
@@ -46,6 +59,7 @@ __all__ = [
     "ServerRunner",
     "SuiteHandlers",
     "WireClient",
+    "run_error",
 ]
 
 T = TypeVar("T")
@@ -65,14 +79,71 @@ _REBIND_WINDOW_S = 3.0
 ECHO, SLOW, FAIL, BAD, REGISTER = "ZMQC_ECHO", "ZMQC_SLOW", "ZMQC_FAIL", "ZMQC_BAD", "ZMQC_REGISTER"
 
 _CLAUSE = re.compile(r"CTL-\d+")
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder()
+#: The positional order of the suite's request bodies (lmcache-mq carries values, not keys).
+SUITE_PARAMS: dict[str, tuple[str, ...]] = {
+    ECHO: ("nonce", "data"), SLOW: ("nonce", "ms"), FAIL: ("nonce",), BAD: ("nonce",),
+    REGISTER: ("worker",),
+}
 _nonces = itertools.count(1)
 
 
 def nonce() -> int:
     """A number no other request of this process carries."""
     return next(_nonces)
+
+
+def suite_body(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` of one of the suite's request types with every field, in positional order
+    (missing ones ``None``); other types' bodies unchanged."""
+    params = SUITE_PARAMS.get(kind)
+    if params is None:
+        return dict(body)
+    return {name: body.get(name) for name in params}
+
+
+def field_of(request: Mapping[str, Any], name: str) -> Any:
+    """Field ``name`` of a request a suite handler received: by key (rep-envelope) or by
+    position in ``args`` (lmcache-mq)."""
+    if name in request:
+        return request[name]
+    args = request.get("args")
+    params = SUITE_PARAMS.get(str(request.get("type")), ())
+    if isinstance(args, list) and name in params and params.index(name) < len(args):
+        return args[params.index(name)]
+    return None
+
+
+class _ThreadDeaths:
+    """Exceptions that ended threads of this process (chained into ``threading.excepthook``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_thread: dict[int, BaseException] = {}
+        self._hook: Callable[[threading.ExceptHookArgs], object] | None = None
+
+    def install(self) -> None:
+        """Chain into the current hook, unless ours still is it (pytest swaps the hook per
+        test, so every server start checks)."""
+        with self._lock:
+            if self._hook is not None and threading.excepthook is self._hook:
+                return
+            previous = threading.excepthook
+
+            def hook(args: threading.ExceptHookArgs) -> None:
+                if args.thread is not None and args.exc_value is not None:
+                    with self._lock:
+                        self._by_thread[id(args.thread)] = args.exc_value
+                previous(args)
+
+            self._hook = hook
+            threading.excepthook = hook
+
+    def of(self, thread: threading.Thread) -> BaseException | None:
+        with self._lock:
+            return self._by_thread.get(id(thread))
+
+
+_deaths = _ThreadDeaths()
 
 
 @dataclass(frozen=True)
@@ -102,17 +173,18 @@ class SuiteHandlers:
     def for_generation(self, generation: int) -> dict[str, Callable[[dict[str, Any]], Any]]:
         def note(request: dict[str, Any]) -> None:
             with self._lock:
-                self.log.append(Seen(generation, str(request.get("type")), request.get("nonce"),
-                                     time.monotonic()))
+                self.log.append(Seen(generation, str(request.get("type")),
+                                     field_of(request, "nonce"), time.monotonic()))
 
         def echo(request: dict[str, Any]) -> dict[str, Any]:
             note(request)
-            return {"nonce": request.get("nonce"), "data": request.get("data")}
+            return {"nonce": field_of(request, "nonce"), "data": field_of(request, "data")}
 
         def slow(request: dict[str, Any]) -> dict[str, Any]:
             note(request)
-            time.sleep(float(request.get("ms", 0)) / 1000)
-            return {"nonce": request.get("nonce"), "slept_ms": request.get("ms")}
+            ms = field_of(request, "ms")
+            time.sleep(float(ms or 0) / 1000)
+            return {"nonce": field_of(request, "nonce"), "slept_ms": ms}
 
         def fail(request: dict[str, Any]) -> dict[str, Any]:
             note(request)
@@ -126,7 +198,13 @@ class SuiteHandlers:
             note(request)
             return {"registered": True}
 
-        return {ECHO: echo, SLOW: slow, FAIL: fail, BAD: bad, REGISTER: register}
+        # Standard behaviours (docs/drivers.md): a driver runs them by name, and the
+        # bridge records what it ran through ``note``.
+        return {ECHO: StandardHandler("echo", echo, note),
+                SLOW: StandardHandler("slow", slow, note),
+                FAIL: StandardHandler("raise", fail, note),
+                BAD: StandardHandler("bad_reply", bad, note),
+                REGISTER: StandardHandler("register", register, note)}
 
     def seen(self, *, type: str | None = None, generation: int | None = None) -> list[Seen]:
         with self._lock:
@@ -154,11 +232,17 @@ class ServerRunner:
         self.error: BaseException | None = None
         self.close_error: BaseException | None = None
         self.rounds = 0
+        #: The server has no ``serve()``: it runs its own I/O thread(s).
+        self.self_driven = False
+        #: Threads the factory started (the server's own I/O, watched for death).
+        self.threads: list[threading.Thread] = []
         self._in_call: tuple[str, float] | None = None
         #: A call overran the limit and :meth:`check` said so: the verdict stands.
         self._reported_block = False
         self._ready = threading.Event()
         self._stop = threading.Event()
+        self._pause = threading.Event()
+        self._paused = threading.Event()
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"ctl-server-{endpoint}")
@@ -172,6 +256,8 @@ class ServerRunner:
         return self
 
     def _run(self) -> None:
+        _deaths.install()
+        before = set(threading.enumerate())
         try:
             self._in_call = ("factory", time.monotonic())
             server = self.factory(self.endpoint, self.handlers)
@@ -180,11 +266,21 @@ class ServerRunner:
             self._build_error = exc
             self._ready.set()
             return
+        me = threading.current_thread()
+        self.threads = [t for t in threading.enumerate() if t not in before and t is not me]
+        serve = getattr(server, "serve", None)
+        self.self_driven = serve is None
         self._ready.set()
         try:
-            while not self._stop.is_set():
+            if serve is None:
+                self._stop.wait()
+            while serve is not None and not self._stop.is_set():
+                if self._pause.is_set():
+                    self._paused.set()
+                    self._stop.wait(SERVE_ROUND_MS / 1000)
+                    continue
                 self._in_call = ("serve()", time.monotonic())
-                server.serve(SERVE_ROUND_MS)
+                serve(SERVE_ROUND_MS)
                 self._in_call = None
                 self.rounds += 1
         except BaseException as exc:
@@ -197,17 +293,46 @@ class ServerRunner:
             self.close_error = exc
         self._in_call = None
 
+    def pause(self) -> bool:
+        """Stop calling ``serve()`` (requests stay queued in the server, unanswered) until
+        :meth:`stop`; True once the loop is paused, False for a server that runs its own
+        I/O thread (it cannot be paused from outside)."""
+        if self.self_driven:
+            return False
+        self._pause.set()
+        deadline = time.monotonic() + self.limit
+        while not self._paused.wait(SERVE_ROUND_MS / 1000):
+            self.check()
+            if time.monotonic() >= deadline:
+                raise CallBlocked(f"server.serve() on {self.endpoint} (while pausing)", self.limit)
+        return True
+
     @property
     def serving(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    def check(self, clause: str = "CTL-3") -> None:
-        """Raise if the serve loop died or a call into the server has overrun the limit."""
+    def dead_loop(self) -> str | None:
+        """What ended the server's loop (its serve() raised, an I/O thread died), or None."""
         if self.error is not None:
-            raise AssertionError(
-                f"{clause}: the server's serve loop died: serve() raised "
-                f"{type(self.error).__name__}: {self.error}; the server must keep serving"
-            ) from self.error
+            return (f"the server's serve loop died: serve() raised "
+                    f"{type(self.error).__name__}: {self.error}")
+        for thread in self.threads:
+            exc = _deaths.of(thread)
+            if exc is not None:
+                return (f"the server's I/O thread {thread.name!r} died: "
+                        f"{type(exc).__name__}: {_first_line(exc)}")
+        if self.self_driven and self.threads and not self._stop.is_set() \
+                and not any(t.is_alive() for t in self.threads):
+            names = ", ".join(repr(t.name) for t in self.threads)
+            return f"the server's I/O thread {names} ended while the server was open"
+        return None
+
+    def check(self, clause: str = "CTL-3") -> None:
+        """Raise if the server's loop died or a call into the server has overrun the limit."""
+        dead = self.dead_loop()
+        if dead is not None:
+            raise AssertionError(f"{clause}: {dead}; the server must keep serving") \
+                from self.error
         current = self._in_call
         if current is not None and time.monotonic() - current[1] > self.limit:
             self._reported_block = True
@@ -233,25 +358,31 @@ class ServerRunner:
 
 
 class Client:
-    """A client under test; every call guarded by the watchdog, results type-checked."""
+    """A client under test; every call guarded by the watchdog, results type-checked.
 
-    def __init__(self, raw: Any, name: str, request_timeout_ms: int) -> None:
+    Under rep-envelope a reply must be a dict; under a profile with typed
+    results (``typed``) it may be any value.
+    """
+
+    def __init__(self, raw: Any, name: str, request_timeout_ms: int, *,
+                 typed: bool = False) -> None:
         self.raw = raw
         self.name = name
         self.request_timeout_ms = request_timeout_ms
+        self.typed = typed
         self.closed = False
 
-    def request(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def request(self, kind: str, body: Mapping[str, Any]) -> Any:
         limit = self.request_timeout_ms / 1000 + watchdog.default_limit()
         with watchdog.guard(f"{self.name}.request({kind!r})", limit):
-            reply = self.raw.request(kind, dict(body))
-        if not isinstance(reply, dict):
+            reply = self.raw.request(kind, suite_body(kind, body))
+        if not self.typed and not isinstance(reply, dict):
             raise AssertionError(f"{self.name}.request({kind!r}) returned a "
                                  f"{type(reply).__name__}, not a dict")
         return reply
 
-    def attempt(self, kind: str, body: Mapping[str, Any]) -> tuple[dict[str, Any] | None,
-                                                                     Exception | None, float]:
+    def attempt(self, kind: str, body: Mapping[str, Any]) -> tuple[Any, Exception | None,
+                                                                     float]:
         """``request()``; returns (reply, exception, seconds). ``CallBlocked`` propagates."""
         started = time.monotonic()
         try:
@@ -282,70 +413,131 @@ class Client:
             self.raw.close()
 
 
+def run_error(message: str) -> NoReturn:
+    """End the test as an error of the run, not a verdict on the implementation: the suite's
+    own peer failed (``message`` says how), so the test is skipped with that reason."""
+    pytest.skip(f"Run error, not a verdict on the implementation: {message}.")
+
+
 class WireClient:
     """A raw pyzmq peer of the server: speaks (or breaks) the wire format by hand.
 
     ``kind`` is ``zmq.DEALER`` (frames as given) or ``zmq.REQ`` (libzmq adds
-    the delimiter). Replies are read with a deadline; silence returns None.
+    the delimiter). ``profile`` (default rep-envelope) frames :meth:`call`'s
+    requests and reads its replies, with ``codes`` for lmcache-mq. Replies
+    are read with a deadline; silence returns None. While waiting, ``watch``
+    (the rig's check: a dead server loop) runs every few milliseconds and the
+    wait counts as progress (:func:`conformance.supervision.watchdog.progress`).
     """
 
-    def __init__(self, endpoint: str, kind: int = zmq.DEALER, **options: int) -> None:
+    def __init__(self, endpoint: str, kind: int = zmq.DEALER, *,
+                 profile: WireProfile | None = None, codes: Mapping[str, int] | None = None,
+                 watch: Callable[[], None] | None = None, clause: str = "CTL-1",
+                 **options: int) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(kind)
         self.kind = kind
+        self.profile = profile or PROFILES["rep-envelope"]
+        self.codes = dict(codes or {})
+        self.watch = watch
+        self.clause = clause
         self.sock.setsockopt(zmq.LINGER, 0)
         for name, value in options.items():
             self.sock.setsockopt(getattr(zmq, name.upper()), value)
         self.sock.connect(endpoint)
 
     def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames, zmq.NOBLOCK)
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            run_error("the suite's raw peer could not queue a request (zmq.Again: its send "
+                      "queue is full)")
 
     def recv(self, timeout_s: float) -> list[bytes] | None:
-        if self.sock.poll(max(int(timeout_s * 1000), 1)):
-            return self.sock.recv_multipart()
-        return None
+        """The next message, or None after ``timeout_s``. Once a wait of the running test
+        went unanswered, later waits of that test (Hypothesis shrinking it, re-runs) are
+        cut to :data:`AFTER_SILENCE_S`: the verdict stands on the full wait, and a silent
+        server costs seconds, not minutes, per failing test."""
+        full = timeout_s
+        if _silence.seen():
+            timeout_s = min(timeout_s, AFTER_SILENCE_S)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if self.sock.poll(max(min(int(left * 1000), _WATCH_EVERY_MS), 1)):
+                return self.sock.recv_multipart()
+            watchdog.progress()
+            if self.watch is not None:
+                self.watch()
+            if time.monotonic() >= deadline:
+                if full >= 1.0:
+                    _silence.note()
+                return None
 
-    def ask(self, request: dict[str, Any] | bytes, timeout_s: float) -> Any:
-        """Send one well-framed request; the decoded reply, or None after ``timeout_s``.
-
-        A DEALER sends ``[id, b"", payload]`` and skips replies with another
-        id; a REQ sends ``[payload]``.
-        """
-        payload = request if isinstance(request, bytes) else _ENCODER.encode(request)
+    def call(self, kind: str, body: Mapping[str, Any], timeout_s: float) -> Reply | None:
+        """One well-formed request of type ``kind`` through the profile; its reply, or None
+        after ``timeout_s``. A reply that does not decode under the profile fails
+        :attr:`clause`, naming the profile."""
+        body = suite_body(kind, body)
         if self.kind == zmq.REQ:
-            self.sock.send(payload)
+            self.sock.send(self.profile.request(0, kind, body, self.codes)[-1])
             frames = self.recv(timeout_s)
-            return None if frames is None else decode(frames[-1])
-        rid = nonce().to_bytes(8, "big")
-        self.send([rid, b"", payload])
+            return None if frames is None else self._read([b"", b"", *frames])
+        rid = nonce()
+        correlation = self.profile.correlation(rid)
+        self.send(self.profile.request(rid, kind, body, self.codes))
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             frames = self.recv(left)
             if frames is None:
                 return None
-            if frames[0] == rid:
-                return decode(frames[-1])
+            if frames and frames[0] == correlation:
+                return self._read(frames)
         return None
+
+    def _read(self, frames: list[bytes]) -> Reply:
+        reply = self.profile.read(frames)
+        if reply is None:
+            raise AssertionError(
+                f"{self.clause}: the reply {frames!r:.160} does not decode under wire profile "
+                f"{self.profile.name} ({self.profile.summary})")
+        return reply
 
     def close(self) -> None:
         self.sock.close(linger=0)
         self.ctx.term()
 
 
-def decode(payload: bytes) -> Any:
-    """MessagePack-decode a reply; undecodable bytes come back as ``bytes``."""
-    try:
-        return _DECODER.decode(payload)
-    except (msgspec.DecodeError, ValueError):
-        return payload
+_WATCH_EVERY_MS = 20
+#: A raw peer's wait once the running test has met silence (see :meth:`WireClient.recv`).
+AFTER_SILENCE_S = 0.2
 
 
-def error_text(reply: Any) -> str | None:
-    """The error of an error reply (a map with a str ``error``), else None."""
-    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
-        return str(reply["error"])
-    return None
+class _Silence:
+    """Which test (``PYTEST_CURRENT_TEST``'s node ID) has seen a reply never come."""
+
+    def __init__(self) -> None:
+        self._test: str | None = None
+
+    @staticmethod
+    def _current() -> str | None:
+        current = os.environ.get("PYTEST_CURRENT_TEST")
+        return current.rsplit(" ", 1)[0] if current else None
+
+    def note(self) -> None:
+        self._test = self._current()
+
+    def seen(self) -> bool:
+        current = self._current()
+        return current is not None and current == self._test
+
+
+_silence = _Silence()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 class Rig:
@@ -355,8 +547,10 @@ class Rig:
     or a proxy's in front of it (:meth:`front`, used by the chaos suite).
     """
 
-    def __init__(self, spec: ControlSpec) -> None:
+    def __init__(self, spec: ControlSpec, *, clause: str = "CTL-3") -> None:
         self.spec = spec
+        #: The clause a dead server loop is reported under (the test's own).
+        self.clause = clause
         self.handlers = SuiteHandlers()
         self.port = 0
         self.generation = 0
@@ -416,7 +610,7 @@ class Rig:
         runner, self.runner = self.runner, None
         if runner is not None:
             try:
-                runner.check()
+                runner.check(self.clause)
             finally:
                 try:
                     runner.stop()
@@ -430,7 +624,7 @@ class Rig:
 
     def check(self) -> None:
         if self.runner is not None:
-            self.runner.check()
+            self.runner.check(self.clause)
 
     # -- clients --------------------------------------------------------------
 
@@ -448,12 +642,16 @@ class Rig:
             options["register"] = (REGISTER, {"worker": name})
         with watchdog.guard(f"client factory({self.client_endpoint!r}) for {name}"):
             raw = factory(self.client_endpoint, **options)
-        client = Client(raw, name, int(options["request_timeout_ms"]))
+        client = Client(raw, name, int(options["request_timeout_ms"]),
+                        typed=self.spec.capabilities.wire != "rep-envelope")
         self.clients.append(client)
         return client
 
     def wire(self, kind: int = zmq.DEALER, **options: int) -> WireClient:
-        wire = WireClient(self.client_endpoint, kind, **options)
+        """A raw peer of the server speaking the declared profile, watching the server."""
+        wire = WireClient(self.client_endpoint, kind, profile=self.spec.profile,
+                          codes=self.spec.capabilities.codes(), watch=self.check,
+                          clause=self.clause, **options)
         self.wires.append(wire)
         return wire
 
@@ -466,6 +664,7 @@ class Rig:
         deadline = time.monotonic() + timeout
         while True:
             self.check()
+            watchdog.progress()
             result = condition()
             if result:
                 return result
@@ -487,6 +686,7 @@ class Rig:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self.check()
+            watchdog.progress()
             for client in clients:
                 client.tick()
             time.sleep(0.001)
@@ -523,9 +723,10 @@ class Rig:
 
 
 @contextmanager
-def rig(spec: ControlSpec, *, server: bool = True) -> Iterator[Rig]:
-    """A :class:`Rig` with its server started (unless ``server=False``)."""
-    with Rig(spec) as r:
+def rig(spec: ControlSpec, *, server: bool = True, clause: str = "CTL-3") -> Iterator[Rig]:
+    """A :class:`Rig` with its server started (unless ``server=False``); a dead server loop
+    is reported under ``clause``."""
+    with Rig(spec, clause=clause) as r:
         if server:
             r.start_server()
         yield r

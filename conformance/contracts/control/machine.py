@@ -17,13 +17,20 @@ picks the steps; a small model says, for every step, what must happen:
 
 The serve loop is checked after every step (CTL-3). A failure message
 starts with the clause it broke; the steps printed by Hypothesis replay it.
+
+Only the side under test is judged (:func:`run`'s ``side``): with the
+reference client playing the client, what the client sees is evidence about
+the server alone (CTL-3, "the server keeps serving"); with the reference
+server, the failing-handler step judges the client (CTL-5: the error reply
+is matched to its request and raised at once), never CTL-3.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Literal, TypeVar, cast
 
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
@@ -59,6 +66,26 @@ _FAIL_BY_S = (REQUEST_TIMEOUT_MS + SLACK_MS) / 1000
 _RECOVER_S = (REQUEST_TIMEOUT_MS + RECONNECT_MAX_MS + SLACK_MS) / 1000
 _REGISTER_S = (HEARTBEAT_TIMEOUT_MS + HEARTBEAT_IVL_MS + RECONNECT_MAX_MS + SLACK_MS) / 1000
 _DEAD_BY_S = (HEARTBEAT_TIMEOUT_MS + HEARTBEAT_IVL_MS + SLACK_MS) / 1000
+_CLIENT_CLAUSES = ("CTL-4", "CTL-5", "CTL-6")
+_SERVER_CLAUSES = ("CTL-1", "CTL-2", "CTL-3", "CTL-7")
+
+Side = Literal["both", "server", "client"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _noted(step: F) -> F:
+    """Record the first exception a step raises in the run (see :func:`run`)."""
+
+    @functools.wraps(step)
+    def wrapper(self: ControlMachine, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(self, *args, **kwargs)
+        except BaseException as exc:
+            if not self.first_failure:
+                self.first_failure.append(exc)
+            raise
+
+    return cast(F, wrapper)
 
 
 class ControlMachine(RuleBasedStateMachine):
@@ -74,6 +101,10 @@ class ControlMachine(RuleBasedStateMachine):
         self.settled = False
         self.must_register = False
         self.client: Client | None = None
+        #: The run's first failure, shared by every machine of one :func:`run`.
+        self.first_failure: list[BaseException] = []
+        #: The clause a raising handler's step judges: CTL-3 on a server under test.
+        self.handler_clause = "CTL-3" if spec.server is not None else "CTL-5"
 
     # -- model helpers ----------------------------------------------------------
 
@@ -137,6 +168,7 @@ class ControlMachine(RuleBasedStateMachine):
     # -- steps --------------------------------------------------------------------
 
     @initialize()
+    @_noted
     def start(self) -> None:
         self.rig.start_server()
         self.up = True
@@ -144,6 +176,7 @@ class ControlMachine(RuleBasedStateMachine):
         self.must_register = True
 
     @rule(data=msgpack_values(max_leaves=6))
+    @_noted
     def echo(self, data: Any) -> None:
         """An ``ECHO``: its own reply when settled, a timely failure when unreachable."""
         if not self.reachable:
@@ -156,6 +189,7 @@ class ControlMachine(RuleBasedStateMachine):
             f"CTL-5: {ECHO} nonce {n} returned {reply!r:.120}, another request's reply")
 
     @rule(ms=st.sampled_from([20, 80, 150]))
+    @_noted
     def slow(self, ms: int) -> None:
         """A slow handler below the request timeout answers its own request."""
         if not self.reachable:
@@ -167,18 +201,21 @@ class ControlMachine(RuleBasedStateMachine):
         assert reply.get("nonce") == n, f"CTL-5: {SLOW} nonce {n} returned {reply!r:.120}"
 
     @rule()
+    @_noted
     def failing_handler(self) -> None:
         """A raising handler: the client raises at once (an error reply), the server lives."""
         if not self.reachable:
             return
         self._settle()
         reply, exc, took = self._client().attempt(FAIL, {"nonce": nonce()})
-        assert reply is None, f"CTL-3: a raising handler's request returned {reply!r:.80}"
+        clause = self.handler_clause
+        assert reply is None, f"{clause}: a raising handler's request returned {reply!r:.80}"
         assert took < REQUEST_TIMEOUT_MS / 1000, (
-            f"CTL-3: a raising handler's request failed only after {took * 1000:.0f} ms "
+            f"{clause}: a raising handler's request failed only after {took * 1000:.0f} ms "
             f"({exc!r}): no error reply came, the request timed out")
 
     @rule()
+    @_noted
     def heartbeats(self) -> None:
         """Two intervals of ticking; settled and reachable: the client reports alive."""
         if self.reachable:
@@ -190,6 +227,7 @@ class ControlMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.reachable and self.outage_since is not None)
     @rule()
+    @_noted
     def outage_detected(self) -> None:
         """Unreachable: ``alive`` turns False by timeout + interval + slack after the outage."""
         assert self.outage_since is not None
@@ -205,6 +243,7 @@ class ControlMachine(RuleBasedStateMachine):
             time.sleep(0.002)
 
     @rule()
+    @_noted
     def restart_server(self) -> None:
         """Stop and start again at once on the same port (faster than the heartbeat timeout)."""
         self.rig.restart_server()
@@ -215,6 +254,7 @@ class ControlMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.up)
     @rule()
+    @_noted
     def stop_server(self) -> None:
         self.rig.stop_server()
         self.up = False
@@ -222,6 +262,7 @@ class ControlMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.up)
     @rule()
+    @_noted
     def start_server(self) -> None:
         self.rig.start_server()
         self.up = True
@@ -230,6 +271,7 @@ class ControlMachine(RuleBasedStateMachine):
         self._back()
 
     @invariant()
+    @_noted
     def serve_loop_alive(self) -> None:
         if self.up:
             self.rig.check()
@@ -247,6 +289,7 @@ class ChaosControlMachine(ControlMachine):
 
     @precondition(lambda self: not self.partitioned)
     @rule()
+    @_noted
     def partition(self) -> None:
         from conformance.contracts.control.faults import ChaosRig
 
@@ -259,6 +302,7 @@ class ChaosControlMachine(ControlMachine):
 
     @precondition(lambda self: self.partitioned)
     @rule()
+    @_noted
     def heal(self) -> None:
         from conformance.contracts.control.faults import ChaosRig
 
@@ -270,18 +314,56 @@ class ChaosControlMachine(ControlMachine):
 
 
 
-def run(build: Callable[[], ControlMachine], settings: Settings) -> None:
-    """Run machines ``build()`` makes as a Hypothesis test; a timing-dependent failure that
-    Hypothesis cannot replay is raised as the ``AssertionError`` it first was (so the report
-    still names its clause), not as a bare ``Flaky``."""
+def run(build: Callable[[], ControlMachine], settings: Settings, side: Side = "both") -> None:
+    """Run machines ``build()`` makes as a Hypothesis test.
+
+    A timing-dependent failure that Hypothesis cannot replay (``FlakyFailure``,
+    ``FlakyStrategyDefinition``) is raised as the error it first was, so the
+    report names its clause and the real error, never the wrapper. With one
+    side under test (``side``), a failure naming a clause of the other side is
+    relabelled to the side under test (see the module docstring).
+    """
+    first: list[BaseException] = []
+
+    def noted_build() -> ControlMachine:
+        machine = build()
+        machine.first_failure = first
+        return machine
+
     try:
-        run_state_machine_as_test(cast(type[RuleBasedStateMachine], build), settings=settings)
+        run_state_machine_as_test(cast(type[RuleBasedStateMachine], noted_build),
+                                  settings=settings)
     except Flaky as exc:
-        first = _first_assertion(exc)
-        if first is None:
+        underlying = _first_assertion(exc) or (first[0] if first else None)
+        if underlying is None:
             raise
-        raise AssertionError(f"{first} [Hypothesis could not replay it: the defect depends on "
-                             "timing]") from exc
+        raise _relabelled(underlying, side, "[Hypothesis could not replay it: the defect "
+                                            "depends on timing]") from exc
+    except AssertionError as exc:
+        if side == "both":
+            raise
+        relabelled = _relabelled(exc, side)
+        if relabelled is exc:
+            raise
+        raise relabelled from exc
+
+
+def _relabelled(exc: BaseException, side: Side, suffix: str = "") -> AssertionError:
+    """``exc`` as an AssertionError naming a clause of ``side`` (its notes kept)."""
+    message = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
+    foreign = _CLIENT_CLAUSES if side == "server" else _SERVER_CLAUSES if side == "client" else ()
+    head = message[:6]
+    if any(head.startswith(c) for c in foreign):
+        own = "CTL-3" if side == "server" else "CTL-5"
+        who = ("the reference client failed against the server under test" if side == "server"
+               else "the client under test failed against the reference server")
+        message = f"{own}: {who} ({message})"
+    elif isinstance(exc, AssertionError) and not suffix:
+        return exc
+    result = AssertionError(f"{message} {suffix}".rstrip())
+    for note in getattr(exc, "__notes__", ()):
+        result.add_note(note)
+    return result
 
 
 def _first_assertion(exc: BaseException) -> AssertionError | None:

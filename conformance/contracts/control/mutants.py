@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import msgspec
 import zmq
@@ -23,12 +23,15 @@ from reference_impl.control import (
     ControlServer,
     Handler,
     Message,
+    MqControlClient,
+    MqControlServer,
     RequestRejected,
     RequestTimeout,
     is_error_reply,
 )
 
 BASE: Final = "reference_impl.control:REFERENCE"
+BASE_MQ: Final = "reference_impl.control:REFERENCE_MQ"
 _M = "conformance.contracts.control.mutants"
 
 
@@ -83,8 +86,8 @@ class ArrivalMatchedClient(ControlClient):
     """Hands the waiting request whatever reply arrives first (a PONG, a late reply)."""
 
     def _on_reply(self, rid: int, reply: Message) -> None:
-        if self._awaiting is not None and self._answer is None:
-            self._answer = reply
+        if self._awaiting is not None and not self._answered:
+            self._answer, self._answered = reply, True
             self._alive = True
             if self._ping is not None and rid == self._ping[0]:
                 self._ping = None
@@ -170,6 +173,115 @@ class StuckReqClient:
         self._ctx.term()
 
 
+class ReqWaitsOutLostReplyClient(StuckReqClient):
+    """Keeps its REQ socket after a timeout and, before the next request, waits (one request
+    timeout) for the abandoned reply. A slow handler's late reply does come, so a timeout on
+    a slow handler and a stopped server (the request queued, delivered on reconnection) both
+    recover; a request the server took and never answered leaves the socket stuck forever."""
+
+    _abandoned = False
+
+    def request(self, type: str, body: Mapping[str, Any]) -> Message:
+        if self._abandoned:
+            if not self._sock.poll(int(self._timeout * 1000)):
+                raise RequestTimeout("still waiting for the reply to an abandoned request")
+            self._sock.recv()
+            self._abandoned = False
+        try:
+            return super().request(type, body)
+        except RequestTimeout:
+            self._abandoned = True
+            raise
+
+    def tick(self) -> None:
+        if not self._abandoned:
+            super().tick()
+
+
+class SerialisingConcurrentServer(ControlServer):
+    """Declares head of line ``concurrent`` but runs handlers inline like the serial reference."""
+
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {
+        "request_types": {"PING": {}}, "head_of_line": "concurrent",
+    }
+
+
+class UndelimitedErrorServer(ControlServer):
+    """Error replies drop the empty delimiter after a non-empty envelope: ``[id, error]``.
+    A DEALER reading the last frame sees an error; a REQ_CORRELATE worker gets nothing."""
+
+    def _send(self, head: list[bytes], reply: Message) -> None:
+        if "error" in reply and len(head) > 2 and head[-1] == b"":
+            head = head[:-1]
+        super()._send(head, reply)
+
+
+# -- lmcache-mq servers --------------------------------------------------------------
+
+
+class MqNoPingServer(MqControlServer):
+    """LMCache 0.4.2's blend_server_v2 on its own wire: PING declared, no handler, silence."""
+
+    def _builtin_handlers(self) -> dict[str, Handler]:
+        return {}
+
+
+def _pong_str(request: Message) -> Any:
+    return "PONG"
+
+
+class MqPingNotBoolServer(MqControlServer):
+    """PING answers a str where the profile's typed result is a bool."""
+
+    def _builtin_handlers(self) -> dict[str, Handler]:
+        return {"PING": _pong_str}
+
+
+class MqUnknownCodeKillsLoopServer(MqControlServer):
+    """Decodes the request code as a closed enum outside any guard: an unknown code raises out
+    of the serve loop (LMCache 0.4.x's ValidationError)."""
+
+    def _answer_mq(self, frames: list[bytes]) -> None:
+        if len(frames) >= 3:
+            code = msgspec.msgpack.decode(frames[2])
+            if not isinstance(code, int) or code not in self._names:
+                raise ValueError(f"Invalid enum value {code!r}")
+        super()._answer_mq(frames)
+
+
+class OwnThreadServer:
+    """A server that runs its own I/O thread (as LMCache's does): no ``serve()``.
+
+    ``inner`` serves in a daemon thread until :meth:`close`; an exception ends the thread
+    (``threading.excepthook`` sees it), exactly the death the suite must report.
+    """
+
+    inner: Any = MqControlServer
+    zmq_conformance_capabilities: ClassVar[dict[str, Any]] = dict(
+        MqControlServer.zmq_conformance_capabilities)
+
+    def __init__(self, endpoint: str, handlers: Mapping[str, Handler] | None = None) -> None:
+        import threading
+
+        self._server = type(self).inner(endpoint, handlers)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="own-io-thread", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._server.serve(10)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._server.close()
+
+
+class OwnThreadDiesOnUnknownCode(OwnThreadServer):
+    inner = MqUnknownCodeKillsLoopServer
+
+
 # -- implementations and the catalog ---------------------------------------------
 
 NO_PING = ControlImplementation(server=NoPingServer, client=ControlClient)
@@ -181,10 +293,24 @@ STUCK_REQ = ControlImplementation(server=ControlServer, client=StuckReqClient)
 ARRIVAL_MATCHED = ControlImplementation(server=ControlServer, client=ArrivalMatchedClient)
 REGISTERS_ONCE = ControlImplementation(server=ControlServer, client=RegistersOnceClient)
 NEVER_DEAD = ControlImplementation(server=ControlServer, client=NeverDeadClient)
+REQ_WAITS_OUT_LOST_REPLY = ControlImplementation(server=ControlServer,
+                                                 client=ReqWaitsOutLostReplyClient)
+SERIALISING_CONCURRENT = ControlImplementation(server=SerialisingConcurrentServer,
+                                               client=ControlClient)
+UNDELIMITED_ERROR = ControlImplementation(server=UndelimitedErrorServer, client=ControlClient)
+MQ_NO_PING = ControlImplementation(server=MqNoPingServer, client=MqControlClient)
+MQ_PING_NOT_BOOL = ControlImplementation(server=MqPingNotBoolServer, client=MqControlClient)
+MQ_UNKNOWN_CODE_KILLS_LOOP = ControlImplementation(server=MqUnknownCodeKillsLoopServer,
+                                                   client=MqControlClient)
+#: The reference's lmcache-mq server on its own I/O thread (correct; for the project's tests).
+MQ_OWN_THREAD = ControlImplementation(server=OwnThreadServer, client=MqControlClient)
+MQ_OWN_THREAD_DIES = ControlImplementation(server=OwnThreadDiesOnUnknownCode,
+                                           client=MqControlClient)
 
 
-def _m(name: str, attr: str, description: str, models: str, *clauses: str) -> Mutant:
-    return Mutant(name, f"{_M}:{attr}", description, models, tuple(clauses), base=BASE)
+def _m(name: str, attr: str, description: str, models: str, *clauses: str,
+       base: str = BASE) -> Mutant:
+    return Mutant(name, f"{_M}:{attr}", description, models, tuple(clauses), base=base)
 
 
 CATALOG: Final[tuple[Mutant, ...]] = (
@@ -207,6 +333,31 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("ctl_no_reregistration", "REGISTERS_ONCE",
        "the client registers on its first connection only, never after a server restart",
        "ctl-no-reregistration", "CTL-6"),
+    _m("ctl_req_waits_out_lost_reply", "REQ_WAITS_OUT_LOST_REPLY",
+       "the client keeps its REQ socket after a timeout and waits for the abandoned reply, "
+       "which never comes when the server stopped holding the request",
+       "ctl-req-waits-out-lost-reply",
+       "CTL-4"),
+    _m("ctl_error_reply_drops_delimiter", "UNDELIMITED_ERROR",
+       "error replies drop the empty delimiter after the envelope ([id, error]): a "
+       "REQ_CORRELATE worker never gets them", "ctl-error-reply-drops-delimiter", "CTL-2"),
+    _m("ctl_concurrent_declared_serial_served", "SERIALISING_CONCURRENT",
+       "the server declares head of line concurrent but runs a slow handler inline, "
+       "delaying every other client", "ctl-concurrent-declared-serial", "CTL-7"),
+    _m("ctl_mq_no_ping_handler", "MQ_NO_PING",
+       "lmcache-mq: PING declared but unhandled (LMCache 0.4.2's blend_server_v2; there "
+       "silence, here the profile's error reply)", "ctl-mq-no-ping-handler", "CTL-1", base=BASE_MQ),
+    _m("ctl_mq_ping_result_not_bool", "MQ_PING_NOT_BOOL",
+       "lmcache-mq: PING's typed result is a str, not the declared bool",
+       "ctl-mq-typed-result", "CTL-1", base=BASE_MQ),
+    _m("ctl_mq_unknown_code_kills_loop", "MQ_UNKNOWN_CODE_KILLS_LOOP",
+       "lmcache-mq: an unknown request code raises out of the serve loop (LMCache 0.4.x "
+       "decodes it as a closed enum)", "ctl-mq-unknown-code-kills-loop", "CTL-2",
+       base=BASE_MQ),
+    _m("ctl_mq_own_thread_dies", "MQ_OWN_THREAD_DIES",
+       "lmcache-mq, a server with its own I/O thread: an unknown request code kills the "
+       "thread and the server answers nothing more", "ctl-mq-own-thread-dies", "CTL-2",
+       base=BASE_MQ),
     _m("ctl_blocking_reply_send", "BLOCKING_REPLY",
        "ROUTER_MANDATORY with a blocking send: a client that stops reading stalls the server",
        "ctl-blocking-reply", "CTL-7"),

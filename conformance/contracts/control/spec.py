@@ -5,18 +5,23 @@ A target ``MODULE:ATTR`` names an object with a ``server`` and/or a
 has both). A side that is missing (or ``None``) is not under test: its
 clauses are skipped with the reason, and the suite plays that side with the
 reference. Capabilities come from ``zmq_conformance_capabilities`` on the
-server factory (see ``reference_impl.control.interface``).
+server factory, or on the client factory when there is no server (see
+``reference_impl.control.interface``); ``--capability`` wins over both.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
 from conformance.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conformance.contracts.control.wire import WireProfile
 
 DEFAULT_TARGET = "reference_impl.control:REFERENCE"
 CAPABILITIES_ATTRIBUTE = "zmq_conformance_capabilities"
@@ -27,14 +32,44 @@ Side = Literal["server", "client"]
 
 @dataclass(frozen=True)
 class ControlCapabilities:
-    """What a server declares: its own request types (with a body each) and its head of line."""
+    """What an implementation declares.
+
+    ``request_types``: its own request types, each with a body that must
+    succeed (under ``lmcache-mq`` the body's values are the positional
+    arguments); ``head_of_line``: ``serial`` or ``concurrent``; ``wire``: the
+    wire profile it speaks (:mod:`conformance.contracts.control.wire`);
+    ``request_codes``: the lmcache-mq code of each request type (default:
+    the reference's table); ``results``: the type each declared request's
+    success result has (``any``, ``map``, ``bool``, ``int``, ``str``,
+    ``none``; default ``map`` under rep-envelope, ``any`` otherwise);
+    ``added_handlers``: whether the handlers the suite passes to the server
+    factory are served (LMCache's enum of request types is closed, so its
+    adapters say false and the tests that need them are skipped).
+    """
 
     request_types: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"PING": {}})
     head_of_line: str = "serial"
+    wire: str = "rep-envelope"
+    request_codes: Mapping[str, int] = field(default_factory=dict)
+    results: Mapping[str, str] = field(default_factory=dict)
+    added_handlers: bool = True
+
+    def codes(self) -> dict[str, int]:
+        """The lmcache-mq code table: the suite's reserved codes, the reference's, the declared."""
+        from reference_impl.control.wire import REFERENCE_CODES
+
+        return {**REFERENCE_CODES, **self.request_codes}
+
+    def result_of(self, kind: str) -> str:
+        default = "map" if self.wire == "rep-envelope" else "any"
+        return self.results.get(kind, default)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> ControlCapabilities:
-        known = {"request_types", "head_of_line"}
+        from conformance.contracts.control.wire import RESULT_TYPES, profile
+
+        known = {"request_types", "head_of_line", "wire", "request_codes", "results",
+                 "added_handlers"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"{origin}: unknown capability {unknown[0]!r}; known: "
@@ -49,7 +84,31 @@ class ControlCapabilities:
         if hol not in HEAD_OF_LINE:
             raise ConfigError(f"{origin}: head_of_line must be one of {', '.join(HEAD_OF_LINE)},"
                               f" got {hol!r}")
-        return cls(request_types=dict(types), head_of_line=hol)
+        wire = profile(str(values.get("wire", "rep-envelope")), origin=f"{origin}: wire").name
+        codes = values.get("request_codes", {})
+        if not isinstance(codes, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            for k, v in codes.items()
+        ):
+            raise ConfigError(f"{origin}: request_codes must map each type (str) to its "
+                              "lmcache-mq code (an int), e.g. {'PING': 12}")
+        results = values.get("results", {})
+        if not isinstance(results, Mapping) or not all(
+            isinstance(k, str) and v in RESULT_TYPES for k, v in results.items()
+        ):
+            raise ConfigError(f"{origin}: results must map request types to one of "
+                              f"{', '.join(RESULT_TYPES)}")
+        added = values.get("added_handlers", True)
+        if not isinstance(added, bool):
+            raise ConfigError(f"{origin}: added_handlers must be true or false")
+        caps = cls(request_types=dict(types), head_of_line=hol, wire=wire,
+                   request_codes=dict(codes), results=dict(results), added_handlers=added)
+        if wire == "lmcache-mq":
+            missing = sorted(set(caps.request_types) - set(caps.codes()))
+            if missing:
+                raise ConfigError(f"{origin}: request_codes has no lmcache-mq code for "
+                                  f"{', '.join(missing)}")
+        return caps
 
 
 @dataclass(frozen=True)
@@ -61,22 +120,50 @@ class ControlSpec:
     client: Callable[..., Any] | None
     capabilities: ControlCapabilities
 
+    @property
+    def profile(self) -> WireProfile:
+        from conformance.contracts.control.wire import profile
+
+        return profile(self.capabilities.wire)
+
     def require(self, side: Side, clause: str) -> Callable[..., Any]:
         """The factory of ``side``, or skip ``clause`` naming the missing side."""
         factory = self.server if side == "server" else self.client
         if factory is None:
-            pytest.skip(f"{clause}: {self.name} provides no {side} (attribute {side!r})")
+            pytest.skip(f"{clause} is a {side} clause and {self.name} provides no {side} "
+                        f"(attribute {side!r})")
         return factory
 
+    def require_added_handlers(self, clause: str, why: str) -> None:
+        """Skip ``clause`` when the server cannot serve the suite's own handlers."""
+        if not self.capabilities.added_handlers:
+            pytest.skip(f"{clause} needs {why}, and {self.name} serves no handlers added by "
+                        "the suite (capability added_handlers=false)")
+
+    def require_suite_types(self, clause: str) -> None:
+        """Skip ``clause`` when the client under test cannot send the suite's own types."""
+        if self.client is not None and not self.capabilities.added_handlers:
+            pytest.skip(f"{clause} needs a client that sends the suite's own request types "
+                        f"(ZMQC_ECHO with a nonce), and {self.name} declares "
+                        "added_handlers=false")
+
     def server_or_reference(self) -> Callable[..., Any]:
+        """The server under test, or the reference speaking the declared profile."""
         from reference_impl.control import ControlServer
 
-        return self.server if self.server is not None else ControlServer
+        if self.server is not None:
+            return self.server
+        return functools.partial(ControlServer, wire=self.capabilities.wire,
+                                 codes=self.capabilities.codes())
 
     def client_or_reference(self) -> Callable[..., Any]:
+        """The client under test, or the reference speaking the declared profile."""
         from reference_impl.control import ControlClient
 
-        return self.client if self.client is not None else ControlClient
+        if self.client is not None:
+            return self.client
+        return functools.partial(ControlClient, wire=self.capabilities.wire,
+                                 codes=self.capabilities.codes())
 
 
 def make_spec(factory: Any, *, name: str | None = None,
@@ -102,9 +189,10 @@ def make_spec(factory: Any, *, name: str | None = None,
     if server is None and client is None:
         raise ConfigError(f"{label}: the control contract needs an object with a 'server' "
                           f"and/or a 'client' factory, e.g. {DEFAULT_TARGET}")
-    declared = getattr(server, CAPABILITIES_ATTRIBUTE, None) if server is not None else None
+    side = "server" if server is not None else "client"
+    declared = getattr(server if server is not None else client, CAPABILITIES_ATTRIBUTE, None)
     if declared is not None and not isinstance(declared, Mapping):
-        raise ConfigError(f"{CAPABILITIES_ATTRIBUTE} of {label}.server must be a mapping")
+        raise ConfigError(f"{CAPABILITIES_ATTRIBUTE} of {label}.{side} must be a mapping")
     values = dict(declared or {})
     values.update(overrides or {})
     caps = ControlCapabilities.from_mapping(values, origin=f"{origin} of {label}")
@@ -118,4 +206,4 @@ def load(path: str, *, option: str = "--transport") -> ControlSpec:
     """Resolve ``MODULE:ATTR`` to a :class:`ControlSpec` (errors name ``option``)."""
     from conformance.config.loading import load_factory
 
-    return make_spec(load_factory(path, option=option), name=path)
+    return make_spec(load_factory(path, option=option, objects=True), name=path)

@@ -16,6 +16,7 @@ records each as a :class:`chaos.process_faults.ProcessFault`.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from chaos.process_faults import ProcessFault
 from conformance.contracts.p2p.harness import Cluster, Node
@@ -89,10 +90,13 @@ class ProcessFaults:
 
 def _process_transport(node: Node) -> ProcessTransport:
     transport = node.transport
-    if not isinstance(transport, ProcessTransport):
+    # A process node, or a driver's transport (conformance.drivers), which has the same
+    # faults.
+    if not isinstance(transport, ProcessTransport) and not callable(
+            getattr(transport, "pause", None)):
         raise TypeError(f"{node.name} is not a process node; build it with "
                         "ProcessCluster.add_target()")
-    return transport
+    return cast(ProcessTransport, transport)  # or a driver's, duck-typed
 
 
 class ProcessCluster(Cluster):

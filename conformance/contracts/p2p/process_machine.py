@@ -22,6 +22,7 @@ stopped process.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -110,6 +111,8 @@ class ProcessChaosMachine(ChaosMachine):
 
     def _transport(self, name: str) -> ProcessTransport:
         transport = self.node[name].transport
-        if not isinstance(transport, ProcessTransport):
+        # A process node, or a driver's transport (conformance.contracts.p2p.driver): same faults.
+        if not isinstance(transport, ProcessTransport) and not callable(
+                getattr(transport, "pause", None)):
             raise TypeError(f"{name} is not a process node")
-        return transport
+        return cast(ProcessTransport, transport)  # or a driver's, duck-typed

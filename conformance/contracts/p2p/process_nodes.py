@@ -566,8 +566,10 @@ class ProcessNodeFactory:
 
 
 def is_process_spec(spec: TransportSpec) -> bool:
-    """True when ``spec`` builds process nodes."""
-    return isinstance(spec.factory, ProcessNodeFactory)
+    """True when ``spec`` builds process nodes (here, or as a driver's processes: a factory
+    with a true ``builds_process_nodes``, see :mod:`conformance.drivers`)."""
+    return isinstance(spec.factory, ProcessNodeFactory) or bool(
+        getattr(spec.factory, "builds_process_nodes", False))
 
 
 def factory_path(spec: TransportSpec) -> str:

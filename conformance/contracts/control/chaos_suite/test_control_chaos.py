@@ -85,6 +85,7 @@ def test_ctl5_silent_partition_detected_in_window_and_alive_after_heal(
     chaos_rig: ChaosRig, control_spec: ControlSpec, record_property: Recorder
 ) -> None:
     control_spec.require("client", "CTL-5")
+    control_spec.require_suite_types("CTL-5")
     client = chaos_rig.client()
     _ready(chaos_rig, client)
     fault = chaos_rig.partition()
@@ -118,6 +119,7 @@ def test_ctl4_requests_fail_in_time_under_a_fault_then_recover(
     chaos_rig: ChaosRig, control_spec: ControlSpec, record_property: Recorder, kind: str
 ) -> None:
     control_spec.require("client", "CTL-4")
+    control_spec.require_suite_types("CTL-4")
     client = chaos_rig.client()
     _ready(chaos_rig, client)
     fault = {"partition": chaos_rig.partition, "reset": chaos_rig.reset,
@@ -141,6 +143,7 @@ def test_ctl5_latency_below_the_timeout_is_no_death(
 ) -> None:
     """60 ms each way on every byte (RTT well under the heartbeat and request timeouts)."""
     control_spec.require("client", "CTL-5")
+    control_spec.require_suite_types("CTL-5")
     client = chaos_rig.client()
     _ready(chaos_rig, client)
     chaos_rig.latency(60, jitter_ms=20)
@@ -156,6 +159,7 @@ def test_ctl6_server_restarted_behind_a_partition(
     chaos_rig: ChaosRig, control_spec: ControlSpec, record_property: Recorder
 ) -> None:
     control_spec.require("client", "CTL-6")
+    control_spec.require_suite_types("CTL-6")
     client = chaos_rig.client("worker")
     _ready(chaos_rig, client)
     first = chaos_rig.generation
@@ -183,6 +187,8 @@ def test_control_chaos_machine(
     control_spec: ControlSpec, toxiproxy: Toxiproxy, record_property: Recorder
 ) -> None:
     """The machine with silent partitions and heals among its steps."""
+    control_spec.require("client", "CTL-4")
+    control_spec.require_suite_types("CTL-4")
     built: list[ChaosControlMachine] = []
 
     def build() -> ChaosControlMachine:
@@ -191,6 +197,6 @@ def test_control_chaos_machine(
         return built[-1]
 
     try:
-        run(build, machine_settings())
+        run(build, machine_settings(), "both" if control_spec.server is not None else "client")
     finally:
         record_property("examples", len(built))

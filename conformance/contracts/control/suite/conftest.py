@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from conformance.contracts.control.fixtures import control_spec
+from conformance.contracts.control.fixtures import client_spec, control_spec, server_spec
 
-__all__ = ["control_spec"]
+__all__ = ["client_spec", "control_spec", "server_spec"]

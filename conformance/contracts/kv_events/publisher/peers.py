@@ -351,6 +351,8 @@ class Rig:
         self.raised = 0
         self.peers: list[Sub | ReplayClient] = []
         self.publisher: Any = None
+        #: Time ``publish()`` has cost its caller so far (see :meth:`_caller_time`).
+        self.publish_seconds = 0.0
         self.incarnation = 0
         self.pub_payloads: dict[int, bytes] = {}
         self.offset: int | None = None
@@ -396,6 +398,7 @@ class Rig:
         cannot be matched to batches, counts by itself).
         """
         batch = restrict(batch, self.profile.version)
+        started = time.perf_counter()
         try:
             watchdog.call("publish()", self.publisher.publish, batch)
         except AssertionError:
@@ -403,6 +406,8 @@ class Rig:
         except Exception:
             self.raised += 1
             return False
+        finally:
+            self.publish_seconds += self._caller_time(time.perf_counter() - started)
         if not track:
             return True
         if not self._encodable(batch):
@@ -411,6 +416,13 @@ class Rig:
         self._by_ts[batch.ts] = len(self.model)  # the newest with a ts wins
         self.model.append(batch)
         return True
+
+    def _caller_time(self, wall: float) -> float:
+        """What the last ``publish()`` cost its caller: the implementation's own time where
+        a driver measured it around the call (``last_call_seconds``, see
+        :mod:`conformance.drivers`), else the wall time of the call here."""
+        measured = getattr(self.publisher, "last_call_seconds", None)
+        return float(measured) if isinstance(measured, float) else wall
 
     def _encodable(self, batch: KVEventBatch) -> bool:
         known = self._encodable_cache.get(id(batch))

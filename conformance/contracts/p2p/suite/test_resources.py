@@ -15,6 +15,7 @@ from conformance.config.profiles import scaled
 from conformance.contracts.p2p.harness import Cluster, Connection, handshake, receive, wait_inbound
 from conformance.contracts.p2p.process_nodes import is_process_spec
 from conformance.contracts.p2p.spec import TransportSpec
+from conformance.drivers import is_driver_factory
 from conformance.testing import resources
 from conformance.testing.net import unreachable_address
 
@@ -23,7 +24,7 @@ from conformance.testing.net import unreachable_address
 def _need_counting(zmq_transport_spec: TransportSpec) -> None:
     if not resources.supported():
         pytest.skip("RES: cannot count file descriptors on this platform")
-    if is_process_spec(zmq_transport_spec):
+    if is_process_spec(zmq_transport_spec) and not is_driver_factory(zmq_transport_spec.factory):
         pytest.skip("RES: descriptors and threads are counted in the test process, and with "
                     "--nodes process the transports live in other processes; run RES with "
                     "--nodes inprocess")

@@ -209,10 +209,10 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         before = dict(rig.stats())
         copies = [msgspec.structs.replace(heavy, ts=float(10**9 + i)) for i in range(burst)]
         accepted = len(rig.model)
-        started = time.perf_counter()
+        started = rig.publish_seconds  # the implementation's own time (a driver's too)
         for batch in copies:
             accepted += rig.publish(batch, track=False)
-        spent = time.perf_counter() - started
+        spent = rig.publish_seconds - started
         budget = (burst - 8) * one / 4
         assert spent <= budget, (
             f"EVT-3: {burst} publish() calls on a full queue took {spent * 1000:.0f} ms, "

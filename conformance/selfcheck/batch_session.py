@@ -1,12 +1,14 @@
-"""A pytest plugin for self-check runs: several mutants in one pytest session.
+"""The in-session plugin of a batch run together: several mutants in one pytest session.
 
 Starting a pytest process per mutant costs about a second before any test
 runs; a catalog of well-behaved mutants (none hangs, aborts or leaks a
-context) can share one session instead. Load it with
-``-p conformance.selfcheck.mutant_groups --selfcheck-group FILE --selfcheck-group-report OUT``
-next to ``--zmq-contract NAME`` and the contract's suite. ``FILE`` is a JSON
-list of ``{"name", "factory", "clauses"}``, each optionally with ``"tests"``
-(names of test functions: only those of its clauses' tests run).
+context) can share one session instead (:func:`conformance.selfcheck.batch.run_together`
+starts it). Load it with
+``-p conformance.selfcheck.batch_session --selfcheck-batch SPEC --selfcheck-batch-report OUT``
+next to ``--zmq-contract NAME`` and the contract's suite. ``SPEC`` is a batch
+spec (:func:`conformance.selfcheck.batch.write_spec`): its jobs are the
+mutants (``tag`` the mutant's name; ``tests``, when given, the only test
+functions of its clauses' tests that run).
 
 Each suite test is parametrized over the mutants that target one of its
 clauses (``zmq_transport_factory`` set to the mutant's spec, which the
@@ -35,10 +37,10 @@ import pytest
 from conformance import contracts
 from conformance.config.loading import contract_spec_from_path
 from conformance.config.selection import configured_contract
-from conformance.selfcheck import clause_filter
+from conformance.selfcheck import batch, clause_filter
 
-BATCH_OPTION = "--selfcheck-group"
-REPORT_OPTION = "--selfcheck-group-report"
+OPTION = batch.SESSION_OPTION
+REPORT_OPTION = batch.SESSION_REPORT_OPTION
 _ARG = "zmq_transport_factory"
 
 #: Mutants with a failed test (their later tests are skipped).
@@ -51,18 +53,20 @@ _names: dict[str, str] = {}
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("zmq-selfcheck", "zmq-conformance self-check (internal)")
-    group.addoption(BATCH_OPTION, default=None, metavar="FILE", dest="selfcheck_group",
-                    help="JSON list of mutants ({name, factory, clauses}) to run in this session")
+    group.addoption(OPTION, default=None, metavar="SPEC", dest="selfcheck_batch",
+                    help="batch spec whose jobs (mutants) run together in this session")
     group.addoption(REPORT_OPTION, default=None, metavar="FILE",
-                    dest="selfcheck_group_report", help="where to write each mutant's outcomes")
+                    dest="selfcheck_batch_report", help="where to write each mutant's outcomes")
 
 
 def _mutants(config: pytest.Config) -> list[dict[str, Any]]:
-    path = config.getoption("selfcheck_group")
+    """The batch's jobs as ``{"name", "factory", "clauses", "tests"}``."""
+    path = config.getoption("selfcheck_batch")
     if not path:
         return []
-    data: list[dict[str, Any]] = json.loads(Path(path).read_text())
-    return data
+    jobs = batch.read_spec(Path(path))[0]
+    return [{"name": j.tag, "factory": j.factory, "clauses": list(j.clauses),
+             "tests": list(j.tests)} for j in jobs]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,7 +88,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not chosen:
         return
     contract = contracts.get(configured_contract(metafunc.config).name)
-    specs = [contract_spec_from_path(contract, m["factory"], option=BATCH_OPTION)
+    specs = [contract_spec_from_path(contract, m["factory"], option=OPTION)
              for m in chosen]
     for spec, mutant in zip(specs, chosen, strict=True):
         _spec_names[id(spec)] = (spec, str(mutant["name"]))
@@ -148,7 +152,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 def _write(config: pytest.Config, *, running: dict[str, Any] | None) -> None:
     """The report so far, and the test in progress: if the process dies (a mutant that
     aborts inside libzmq), the caller still knows which test of which mutant it was."""
-    path = config.getoption("selfcheck_group_report")
+    path = config.getoption("selfcheck_batch_report")
     if path:
         Path(path).write_text(json.dumps({"results": _results, "running": running}))
 

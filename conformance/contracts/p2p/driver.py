@@ -1,0 +1,172 @@
+"""The ``p2p`` contract through a driver: a factory, transports and connections as proxies.
+
+:class:`TransportFactory` is what the p2p suite receives instead of a
+Python factory. Each call starts (or reuses) one driver process and builds
+one transport in it, so every node is a process of its own. Like
+:class:`~conformance.contracts.p2p.process_nodes.ProcessTransport`, a
+:class:`DriverTransport` therefore offers the process faults (``pid``,
+``state()``, ``pause()``, ``resume()``, ``kill()``), and the PROC clauses act
+on the driver itself. Calls and their results follow ``docs/drivers.md``,
+section 5.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
+
+from conformance.drivers import process as processes
+from conformance.drivers.protocol import Hello
+from conformance.drivers.remote import ErrorTable, Remote, build, signature
+from reference_impl.p2p.interface import (
+    ConnectionDeadError,
+    DuplicateConnectionError,
+    MessageTooLargeError,
+    SendQueueFullError,
+)
+
+__all__ = ["OPTIONS", "DriverConnection", "DriverTransport", "TransportFactory"]
+
+CONTRACT: Final = "p2p"
+#: Keyword arguments a p2p driver may list in ``options``.
+OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms")
+
+ERRORS: ErrorTable = {
+    "duplicate": lambda message, error: DuplicateConnectionError(message),
+    "dead": lambda message, error: ConnectionDeadError(message),
+    "closed": lambda message, error: ConnectionDeadError(message),
+    "too_large": lambda message, error: MessageTooLargeError(message),
+    "queue_full": lambda message, error: SendQueueFullError(message),
+}
+
+
+class TransportFactory:
+    """``factory(local_id, host, port, **heartbeats)``: one transport in one driver process."""
+
+    #: Every node is a process of its own (the PROC clauses may pause and kill it) ...
+    builds_process_nodes: Final = True
+    #: ... and :mod:`conformance.resources` counts the drivers' descriptors (RES, CONN-5).
+    resources_counted: Final = True
+
+    def __init__(self, command: str, hello: Hello) -> None:
+        self.driver_command = command
+        self.hello = hello
+        self.zmq_conformance_capabilities = dict(hello.capabilities)
+        self.options = tuple(o for o in hello.options if o in OPTIONS)
+        self.__signature__ = signature(("local_id", "host", "port"), self.options)
+
+    def __call__(self, local_id: str, host: str, port: int, **kwargs: Any) -> DriverTransport:
+        args: dict[str, Any] = {"local_id": local_id, "host": host, "port": port}
+        args.update({k: v for k, v in kwargs.items() if k in self.options})
+        process, result = build(self.driver_command, CONTRACT, "transport", args, ERRORS,
+                                what=f"transport factory({local_id!r})")
+        return DriverTransport(process, int(result["handle"]), local_id, host, port)
+
+    def __repr__(self) -> str:
+        return f"<p2p driver {self.driver_command!r}>"
+
+
+class DriverConnection(Remote):
+    """A connection of a driver's transport; ``peer_id`` is read once, the rest are calls."""
+
+    errors: ClassVar[ErrorTable] = ERRORS
+
+    def __init__(self, transport: DriverTransport, handle: int, peer_id: Any) -> None:
+        super().__init__(transport._process, handle,
+                         f"connection {handle} to {peer_id} of {transport._name}")
+        self._peer_id = peer_id
+
+    @property
+    def peer_id(self) -> Any:
+        return self._peer_id
+
+    @property
+    def alive(self) -> Any:
+        return self._call("alive")
+
+    def send(self, msg: Any) -> None:
+        self._call("send", {"msg": msg})
+
+    def recv(self) -> Any:
+        return self._call("recv")
+
+    def mark_dead(self) -> None:
+        self._call("mark_dead")
+
+    def close(self) -> None:
+        self._call("close")
+
+
+class DriverTransport(Remote):
+    """A transport in a driver process: the p2p interface plus the process faults."""
+
+    errors: ClassVar[ErrorTable] = ERRORS
+
+    def __init__(self, process: processes.DriverProcess, handle: int, local_id: str,
+                 host: str, port: int) -> None:
+        super().__init__(process, handle, f"node {local_id} ({process.label})")
+        self.local_id = local_id
+        self.host = host
+        self.port = port
+        self._conns: dict[int, DriverConnection] = {}
+        self._closed = False
+
+    def connect(self, peer_id: str) -> DriverConnection:
+        return self._proxy(self._call("connect", {"peer_id": peer_id}))
+
+    def poll(self) -> Any:
+        result = self._call("poll")
+        if not isinstance(result, list):
+            return result  # the harness reports what poll() returned instead of a sequence
+        return [self._proxy(entry) for entry in result]
+
+    def close(self) -> None:
+        """Close the transport; its process goes back to the pool (idempotent here, as
+        :class:`~conformance.contracts.p2p.process_nodes.ProcessTransport` is)."""
+        if self._closed:
+            return
+        self._closing("close")
+        self._closed = True
+
+    # -- faults --------------------------------------------------------------------
+
+    def pause(self) -> float:
+        """SIGSTOP the driver; returns ``time.monotonic()`` once it is stopped."""
+        self._process.signal(signal.SIGSTOP)
+        self._await_state("stopped")
+        return time.monotonic()
+
+    def resume(self) -> float:
+        """SIGCONT the driver; returns ``time.monotonic()`` once it runs again."""
+        self._process.signal(signal.SIGCONT)
+        self._await_state("running")
+        return time.monotonic()
+
+    def kill(self) -> float:
+        """SIGKILL the driver; returns ``time.monotonic()`` once it is gone."""
+        self._process.signal(signal.SIGKILL)
+        self._await_state("dead")
+        return time.monotonic()
+
+    def _await_state(self, wanted: str, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self._process.state() != wanted:
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{self._process.label}: still {self._process.state()} "
+                                     f"{timeout} s after asking for {wanted}")
+            time.sleep(0.0005)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _proxy(self, entry: Any) -> DriverConnection:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("handle"), int):
+            raise processes.DriverCrashed(
+                f"{self._name}: {self._process.label} broke the protocol: a connection must "
+                f"be a map with an integer 'handle' and a 'peer_id', not {entry!r}")
+        handle = int(entry["handle"])
+        found = self._conns.get(handle)
+        if found is None:
+            found = self._conns[handle] = DriverConnection(self, handle, entry.get("peer_id"))
+        return found

@@ -1,0 +1,49 @@
+"""The per-clause report of a pytest session, built from what the recorder collected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conformance import contracts
+from conformance.config import selection
+from conformance.config.session import State
+from conformance.errors import ConfigError
+from conformance.reporting.verdicts import NO_TEST_REASON, ReplayContext, RunReport, aggregate
+
+__all__ = ["build_report"]
+
+
+def build_report(config: pytest.Config, state: State) -> RunReport:
+    """The per-clause :class:`RunReport` of this session."""
+    transport = state.fixture_transport or state.transport
+    if transport is None:
+        try:
+            transport = selection.configured_transport(config)[0]
+        except ConfigError:
+            transport = "?"
+    seed: Any = config.getoption("hypothesis_seed", None)
+    if isinstance(seed, str) and seed.isdigit():
+        seed = int(seed)
+    context = ReplayContext(None if state.fixture_transport else transport, state.profile, seed,
+                            contract=state.contract)
+    narrowed = [
+        f"{flag} {expr!r}"
+        for flag, expr in (("-k", config.option.keyword), ("-m", config.option.markexpr))
+        if expr
+    ]
+    no_test = f"no test selected ({', '.join(narrowed)})" if narrowed else NO_TEST_REASON
+    verdicts = aggregate(
+        state.results.values(), context=context, chaos_enabled=state.chaos,
+        clauses=contracts.CONTRACTS[state.contract].clauses, no_test_reason=no_test,
+    )
+    return RunReport(
+        transport=transport, profile=state.profile, seed=seed, clauses=verdicts,
+        contract=state.contract,
+        warnings=_xfail_warnings(config, state),
+    )
+
+
+def _xfail_warnings(config: pytest.Config, state: State) -> list[str]:
+    return list(dict.fromkeys(state.warnings))
