@@ -3,7 +3,8 @@
 A plain TCP echo server and a sink run in a child process; the same
 client measures 64-byte round trips and bulk throughput directly, through
 the embedded toxiproxy-compatible server, and through a real toxiproxy when
-one is configured (``TOXIPROXY_URL`` or ``toxiproxy-server`` on PATH).
+one is configured (``TOXIPROXY_URL``, ``TOXIPROXY_SERVER`` or
+``toxiproxy-server`` on PATH).
 
 Through each proxy it also times a 25,000-byte echo whose way back crosses
 ``slicer(average_size=32, size_variation=24, delay=100)`` (delay in us): the
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchmarks._stats import Spread, percentile
+from chaos.launcher import requested
 
 ROUND_TRIPS = 2000
 BULK_BYTES = 64 * 1024 * 1024
@@ -163,7 +165,7 @@ def run(repeats: int = 5, progress: Callable[[str], None] = print) -> dict[str, 
             paths["embedded proxy"] = _measure(echo.listen_port, ps, repeats)
             paths["embedded proxy"]["slicer_ms"] = _measure_slicer(echo, repeats)
         progress(f"embedded: {paths['embedded proxy']['rtt_us']['median']:.0f} us")
-        if os.environ.get("TOXIPROXY_URL") or shutil.which("toxiproxy-server"):
+        if requested() or shutil.which("toxiproxy-server"):
             with _proxied("auto", echo_port, sink_port) as (echo, ps, kind):
                 row = _measure(echo.listen_port, ps, repeats)
                 row["slicer_ms"] = _measure_slicer(echo, repeats)

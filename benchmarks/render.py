@@ -29,6 +29,10 @@ def markdown(results: dict[str, Any]) -> str:
         out += _proxy(results["proxy"])
     if "kv_events" in results:
         out += _kv_events(results["kv_events"])
+    if "engine_pipeline" in results:
+        from benchmarks import engine_pipeline
+
+        out += engine_pipeline.markdown(results["engine_pipeline"])
     if "process" in results:
         from benchmarks import process_nodes
 

@@ -1,8 +1,8 @@
 """Pytest fixtures for chaos tests: one toxiproxy server per xdist worker.
 
 ``toxiproxy`` (session scope, so once per pytest-xdist worker process) is a
-``chaos.proxy.Toxiproxy`` handle: a real server from ``TOXIPROXY_URL`` or
-PATH, else the embedded one. It is stopped at the end of the session. After
+``chaos.proxy.Toxiproxy`` handle: a real server from ``TOXIPROXY_URL``,
+``TOXIPROXY_SERVER`` or PATH, else the embedded one. It is stopped at the end of the session. After
 every test that used it, its proxies get their toxics removed and are
 enabled again (``Toxiproxy.reset``), so a fault never leaks into the next
 test; proxies themselves stay (module-scoped topologies may own them).
@@ -10,18 +10,17 @@ test; proxies themselves stay (module-scoped topologies may own them).
 Load with ``from chaos.fixtures import toxiproxy, toxiproxy_reset`` in a
 ``conftest.py`` (or list ``chaos.fixtures`` in a root ``pytest_plugins``).
 When no server can be started, tests using the fixture are skipped with
-the reason, unless ``TOXIPROXY_URL`` is set, in which case they fail:
-asking for a server that is not there is an error.
+the reason, unless ``TOXIPROXY_URL`` or ``TOXIPROXY_SERVER`` is set, in
+which case they fail: asking for a server that is not there is an error.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from chaos.launcher import ENV_URL, ToxiproxyUnavailable
+from chaos.launcher import ToxiproxyUnavailable, requested
 from chaos.proxy import Toxiproxy
 
 
@@ -31,7 +30,7 @@ def toxiproxy() -> Iterator[Toxiproxy]:
     try:
         handle = Toxiproxy.start()
     except ToxiproxyUnavailable as exc:
-        if os.environ.get(ENV_URL):
+        if requested():
             pytest.fail(str(exc), pytrace=False)
         pytest.skip(f"no toxiproxy server: {exc}")
     try:

@@ -4,12 +4,15 @@ Order (``prefer="auto"``):
 
 1. ``TOXIPROXY_URL`` (e.g. ``http://127.0.0.1:8474``): use that running
    server; it is shared, never stopped by us.
-2. A ``toxiproxy-server`` binary on ``PATH``: started on a free port.
-3. The embedded server: ``sys.executable -m chaos.toxiproxy_server`` on a
+2. ``TOXIPROXY_SERVER`` (the path of a ``toxiproxy-server`` binary, e.g.
+   one unpacked from a toxiproxy release outside ``PATH``): started on a free
+   port. Set but not executable is an error, never a silent fallback.
+3. A ``toxiproxy-server`` binary on ``PATH``: started on a free port.
+4. The embedded server: ``sys.executable -m chaos.toxiproxy_server`` on a
    free port (it reports the port through ``--port-file``).
 
-``prefer="embedded"``, ``"binary"`` or ``"external"`` uses only that
-source (``"embedded"`` tests the embedded server even where a real one
+``prefer="embedded"``, ``"binary"`` (``TOXIPROXY_SERVER``, else PATH) or
+``"external"`` uses only that source (``"embedded"`` tests the embedded server even where a real one
 is installed).
 
 Servers we start never outlive us: ``ServerLease.stop()`` terminates them
@@ -44,6 +47,7 @@ import chaos
 from conformance.supervision import lifeline
 
 ENV_URL = "TOXIPROXY_URL"
+ENV_SERVER = "TOXIPROXY_SERVER"
 BINARY = "toxiproxy-server"
 
 Prefer = Literal["auto", "embedded", "binary", "external"]
@@ -186,7 +190,8 @@ def _wait_ready(lease: ServerLease, port_file: Path | None, what: str) -> None:
     )
 
 
-def _start_binary(path: str, host: str) -> ServerLease:
+def start_binary(path: str, host: str = "127.0.0.1") -> ServerLease:
+    """Start the toxiproxy-server binary at ``path`` on a free port of ``host``."""
     last: ToxiproxyUnavailable | None = None
     for _attempt in range(3):  # a free port can be taken between probe and bind
         port = _free_port(host)
@@ -251,9 +256,33 @@ def launch(prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> ServerLease:
             raise ToxiproxyUnavailable(f"{ENV_URL} is not set")
         return _external(url)
     if prefer in ("auto", "binary"):
-        binary = shutil.which(BINARY)
+        binary = _configured_binary() or shutil.which(BINARY)
         if binary:
-            return _start_binary(binary, host)
+            return start_binary(binary, host)
         if prefer == "binary":
-            raise ToxiproxyUnavailable(f"no {BINARY} binary on PATH")
+            raise ToxiproxyUnavailable(f"{ENV_SERVER} is not set and no {BINARY} binary on PATH")
     return _start_embedded(host)
+
+
+def _configured_binary() -> str | None:
+    """The binary ``TOXIPROXY_SERVER`` names, or None when it is unset.
+
+    Raises ``ToxiproxyUnavailable`` naming the variable when it is set to
+    something that cannot be run: a run that asked for the real server must
+    not quietly use the embedded one.
+    """
+    value = os.environ.get(ENV_SERVER, "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ToxiproxyUnavailable(
+            f"{ENV_SERVER}={value!r} is not an executable file; point it at a "
+            f"{BINARY} binary or unset it to use the embedded server"
+        )
+    return str(path.resolve())
+
+
+def requested() -> bool:
+    """True when the environment asks for a particular server (URL or binary)."""
+    return bool(os.environ.get(ENV_URL, "").strip() or os.environ.get(ENV_SERVER, "").strip())

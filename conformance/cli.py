@@ -112,7 +112,7 @@ def _main(argv: list[str]) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run(pytest_args, json_path)
+        return _run(run_args.output_args(args) + pytest_args, json_path)
     finally:
         if cleanup is not None:
             cleanup.cleanup()

@@ -54,7 +54,7 @@ from conformance.config import collection, options
 from conformance.config import session as sessions
 from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.errors import ConfigError
-from conformance.reporting import recording, xfail
+from conformance.reporting import recording, run_output, xfail
 from conformance.reporting.xfail import ZmqConformanceWarning
 from conformance.supervision import cleanup, guard, reruns, watchdog
 
@@ -80,6 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     config.stash[sessions.STATE] = state
     config.pluginmanager.register(recording.Recorder(config, state), _RECORDER)
+    run_output.register(config, state)
     if state.opted_in:
         sessions.start_postmortem(config, state)
 
@@ -89,6 +90,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     recorder = config.pluginmanager.get_plugin(_RECORDER)
     if recorder is not None:
         config.pluginmanager.unregister(recorder)
+    run_output.unregister(config)
     sessions.remove_postmortem_dir(config)
 
 

@@ -36,6 +36,7 @@ _SLOW_FILES = (
     "test_machines_find_defects.py",
     "test_trust.py",
     "test_kv_publisher_contract.py",
+    "test_driver_examples.py",
     "test_control_contract.py",
     "test_reruns.py",
     "test_cli.py",

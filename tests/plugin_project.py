@@ -191,7 +191,8 @@ def make_project(root: Path) -> Path:
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items()
-        if not k.startswith(("PYTEST_", "ZMQ_CONFORMANCE_", "TINY_")) and k != "COV_CORE_SOURCE"
+        if not k.startswith(("PYTEST_", "ZMQ_CONFORMANCE_", "TINY_", "GITHUB_"))
+        and k != "COV_CORE_SOURCE"  # GITHUB_*: the project's own CI must not get annotations
     }
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p

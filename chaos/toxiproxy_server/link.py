@@ -25,10 +25,18 @@ trip. When the destination is slower, chunks go through the writer task,
 so reading the next chunk overlaps waiting for the destination, as it
 does across toxiproxy's reader and writer goroutines.
 
-When either source reaches end of stream (after the toxics saw it: a
-``slow_close`` toxic delays it) or any socket fails, the whole connection
-is closed: both sockets, both links. ``reset()`` aborts both sockets with
-SO_LINGER 0 so the peers see a TCP RST.
+Closing goes one direction at a time, as in toxiproxy's ``link.go``: when
+a link's source reaches end of stream (after the toxics saw it: a
+``slow_close`` toxic delays it), a write fails, or a toxic ends the link
+(``limit_data`` used up, a ``timeout`` expired or removed, ``reset_peer``),
+that link closes its *destination* socket, whole (Go's ``Close``, not a
+half-close). The other link, reading from that socket, then sees end of
+stream, passes on what its toxics still hold (data held by a latency toxic
+is delivered), and closes its own destination. A proxy that is disabled or
+deleted closes both sockets at once. A connection that had a
+``reset_peer`` toxic when it was opened has SO_LINGER 0 on both sockets
+(toxiproxy sets it in ``ToxicLink.Start``), so every close of it is a TCP
+RST; one added later closes with a FIN.
 """
 
 from __future__ import annotations
@@ -84,9 +92,10 @@ class _Link:
         self._has_data = asyncio.Event()
         self._has_room = asyncio.Event()
         self._writer_idle = False
+        self.ended = False
         self._runs: dict[str, ToxicRun] = {}
         for toxic in toxics:
-            self._runs[toxic.name] = ToxicRun(toxic, conn)
+            self._runs[toxic.name] = ToxicRun(toxic, self)
 
     def start(self) -> list[asyncio.Task[None]]:
         for run in self._runs.values():
@@ -98,8 +107,17 @@ class _Link:
         for run in self._runs.values():
             run.stop(removed=False)
 
+    def close(self) -> None:
+        """End this direction: close the destination socket (see the module docstring)."""
+        if self.ended:
+            return
+        self.ended = True
+        self._has_room.set()
+        self._has_data.set()
+        self._conn.link_ended(self, self._dest)
+
     def add_toxic(self, toxic: Toxic) -> None:
-        run = ToxicRun(toxic, self._conn)
+        run = ToxicRun(toxic, self)
         self._runs[toxic.name] = run
         run.start()
         self._has_room.set()  # the reader's allowance may have changed
@@ -108,7 +126,7 @@ class _Link:
         old = self._runs.get(toxic.name)
         if old is not None:
             old.stop(removed=False)
-        run = ToxicRun(toxic, self._conn, previous=old)
+        run = ToxicRun(toxic, self, previous=old)
         self._runs[toxic.name] = run  # an existing key keeps its place in the chain
         run.start()
         self._has_room.set()
@@ -138,7 +156,7 @@ class _Link:
         return ahead
 
     async def _put(self, chunk: _Chunk | None) -> None:
-        while len(self._pending) >= self._ahead():
+        while len(self._pending) >= self._ahead() and not self.ended:
             self._has_room.clear()
             await self._has_room.wait()
         self._pending.append(chunk)
@@ -158,7 +176,7 @@ class _Link:
                     and not self._pending
                     and not dest.transport.get_write_buffer_size()
                 ):
-                    if self._conn.closed:
+                    if self.ended:
                         break
                     dest.write(data)  # sent at once; else the writer task drains it
                     continue
@@ -169,12 +187,14 @@ class _Link:
 
     async def _write(self) -> None:
         try:
-            while not self._conn.closed:
-                while not self._pending:
+            while not self.ended:
+                while not self._pending and not self.ended:
                     self._writer_idle = True
                     self._has_data.clear()
                     await self._has_data.wait()
                 self._writer_idle = False
+                if self.ended:
+                    break
                 chunk = self._pending.popleft()
                 self._has_room.set()
                 chain = self._chain()
@@ -185,10 +205,10 @@ class _Link:
                 await self._through(chunk.data, chunk.arrived, chain, 0)
         except OSError as exc:
             _log.debug("%s link failed: %s", self.stream, exc)
-        self._conn.close()
+        self.close()
 
     async def _through(self, data: bytes, arrived: float, chain: list[ToxicRun], i: int) -> None:
-        if self._conn.closed:
+        if self.ended:
             return
         if i == len(chain):
             self._dest.write(data)
@@ -217,6 +237,15 @@ class Connection:
         self._closed = False
         self._tasks: list[asyncio.Task[None]] = []
         toxic_list = list(toxics)
+        self._lingers_zero = any(t.type == "reset_peer" for t in toxic_list)
+        if self._lingers_zero:
+            for writer in self._writers:
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
         self._links = {
             Stream.UPSTREAM: _Link(
                 self,
@@ -255,33 +284,38 @@ class Connection:
             self._links[toxic.stream].remove_toxic(toxic.name)
 
     def close(self) -> None:
-        """Close both sockets (pending writes are flushed, then FIN)."""
-        self._shutdown(abort=False)
-
-    def reset(self) -> None:
-        """Abort both sockets with SO_LINGER 0: the peers get a TCP RST."""
-        for writer in self._writers:
-            sock = writer.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self._shutdown(abort=True)
-
-    def _shutdown(self, *, abort: bool) -> None:
+        """Close both sockets at once (a disabled or deleted proxy)."""
         if self._closed:
             return
+        for link in self._links.values():
+            link.ended = True
+        for writer in self._writers:
+            self._close_socket(writer)
+        self._finish()
+
+    def link_ended(self, link: _Link, dest: asyncio.StreamWriter) -> None:
+        """``link`` is done: close its destination; the connection ends with both links."""
+        if self._closed:
+            return
+        self._close_socket(dest)
+        if all(other.ended for other in self._links.values()):
+            self._finish()
+
+    def _close_socket(self, writer: asyncio.StreamWriter) -> None:
+        if writer.transport.is_closing():
+            return
+        if self._lingers_zero:
+            writer.transport.abort()  # SO_LINGER 0: the peer gets a TCP RST
+            return
+        # Flush what is buffered, but never wait forever on a peer that stopped
+        # reading: the socket is closed for good after a grace period.
+        writer.close()
+        asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, writer.transport.abort)
+
+    def _finish(self) -> None:
         self._closed = True
         for link in self._links.values():
             link.stop_runs()
-        loop = asyncio.get_running_loop()
-        for writer in self._writers:
-            if abort:
-                writer.transport.abort()
-            else:
-                # Flush what is buffered, but never wait forever on a peer that stopped
-                # reading: the socket is closed for good after a grace period.
-                writer.close()
-                loop.call_later(_CLOSE_GRACE_S, writer.transport.abort)
         current = asyncio.current_task()
         for task in self._tasks:
             if task is not current:

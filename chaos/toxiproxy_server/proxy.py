@@ -45,18 +45,37 @@ def _format_address(sockname: tuple[object, ...]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _wildcard(port: int) -> list[tuple[int, int, int, str, tuple[str, int]]]:
+    """Go's ``net.Listen("tcp", ":port")``: dual-stack ``[::]``, else IPv4's 0.0.0.0."""
+    return [
+        (socket.AF_INET6, socket.SOCK_STREAM, 0, "", ("::", port)),
+        (socket.AF_INET, socket.SOCK_STREAM, 0, "", ("0.0.0.0", port)),
+    ]
+
+
 def _bind(listen: str) -> socket.socket:
+    """Listen on ``listen``; empty means every interface, as toxiproxy does."""
     try:
-        host, port = split_address(listen)
+        host, port = split_address(listen or ":0")
     except ValueError as exc:
         raise ApiError(f"listen {listen!r}: {exc}", 400) from None
     try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        infos = (
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            if host
+            else _wildcard(port)
         )
         family, type_, proto, _, addr = infos[0]
-        sock = socket.socket(family, type_, proto)
         try:
+            sock = socket.socket(family, type_, proto)
+        except OSError:
+            if host or len(infos) < 2:
+                raise
+            family, type_, proto, _, addr = infos[1]  # no IPv6 on this host
+            sock = socket.socket(family, type_, proto)
+        try:
+            if family == socket.AF_INET6 and not host:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(addr)
             sock.listen(128)
@@ -95,6 +114,10 @@ class Proxy:
             "listen": self.listen,
             "upstream": self.upstream,
             "enabled": self.enabled,
+            # toxiproxy 2.12's Proxy struct has an exported ``Logger
+            # *zerolog.Logger`` without a json tag and no exported fields, so
+            # encoding/json writes it as an empty object, in this place.
+            "Logger": {},
             "toxics": [t.to_json() for t in self.toxics()],
         }
 
@@ -222,7 +245,7 @@ class ProxyCollection:
             raise missing_field("upstream")
         if name in self._proxies:
             raise proxy_exists()
-        proxy = Proxy(name, listen or "127.0.0.1:0", upstream)
+        proxy = Proxy(name, listen, upstream)
         if enabled:
             await proxy.start()
         self._proxies[name] = proxy

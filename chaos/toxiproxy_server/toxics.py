@@ -17,14 +17,16 @@ Semantics follow toxiproxy 2.x (its ``toxics/*.go``): times are milliseconds
 except slicer ``delay`` (microseconds); ``bandwidth`` rate is KB/s with
 1 KB = 1000 bytes; a ``timeout`` toxic drops data (it does not buffer it)
 and closes the connection after ``timeout`` ms, or never when 0; removing
-a ``timeout`` toxic closes the connections it applied to, because bytes
-were dropped and the stream can no longer be trusted; ``reset_peer``
-resets (RST) the connection ``timeout`` ms after the first data it sees.
+a ``timeout`` toxic closes the links it applied to, because bytes were
+dropped and the stream can no longer be trusted; ``reset_peer`` closes the
+link ``timeout`` ms after the first data it sees, which is a TCP RST only
+on connections opened while it existed (SO_LINGER 0, see ``link.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import random
@@ -171,13 +173,12 @@ def parse_toxic_update(current: Toxic, body: object) -> Toxic:
 
 
 class LinkControl(Protocol):
-    """What a toxic may do to the connection its link belongs to."""
+    """What a toxic may do to the link (one direction of a connection) it runs on."""
 
     def close(self) -> None:
-        """Close both sides of the connection gracefully (FIN)."""
-
-    def reset(self) -> None:
-        """Abort both sides of the connection with a TCP RST."""
+        """End the link: its destination socket is closed, and the other
+        direction follows (a TCP RST when the connection lingers zero, i.e.
+        it had a ``reset_peer`` toxic when it was opened; else a FIN)."""
 
 
 class ToxicRun:
@@ -200,6 +201,7 @@ class ToxicRun:
         self._pace_at = 0.0
         self._reset_armed = False
         self._stopped = False
+        self._interrupted = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -215,6 +217,7 @@ class ToxicRun:
         one piece, as toxiproxy's interrupted slicer does.
         """
         self._stopped = True
+        self._interrupted.set()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -236,8 +239,11 @@ class ToxicRun:
             offset = self._rng.randrange(2 * jitter) - jitter if jitter > 0 else 0
             delay_ms = attrs["latency"] + offset
             wait = arrived + max(delay_ms, 0) / 1000 - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            if wait > 0 and not self._stopped:
+                # Removing or updating the toxic releases the chunk it holds at
+                # once, as toxiproxy's interrupted LatencyToxic does.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._interrupted.wait(), wait)
             await emit(data)
         elif kind == "bandwidth":
             await self._paced(data, attrs["rate"], emit)
@@ -257,7 +263,7 @@ class ToxicRun:
             if not self._reset_armed:
                 self._reset_armed = True
                 await asyncio.sleep(attrs["timeout"] / 1000)
-                self._link.reset()
+                self._link.close()
         else:  # slow_close and anything that only acts on close
             await emit(data)
 

@@ -11,6 +11,7 @@ import pytest
 
 from conformance import contracts
 from conformance.config import profiles
+from conformance.reporting import run_output
 from conformance.supervision import postmortem, reruns
 
 __all__ = ["add_options", "reruns_count"]
@@ -65,6 +66,13 @@ def add_options(parser: pytest.Parser) -> None:
                     help="write per-clause verdicts as JUnit XML (one testcase per clause)")
     group.addoption("--zmq-report-markdown", metavar="PATH", default=None,
                     help="write per-clause verdicts as a Markdown report")
+    group.addoption("--zmq-verdicts", metavar="PATH", default=None,
+                    help="write the JSON verdicts for a supervising process (as "
+                         "--zmq-report-json, but not announced as a report)")
+    group.addoption("--zmq-progress", choices=run_output.PROGRESS_MODES, default="off",
+                    help="per-clause progress while the run goes: a live line (live), a line "
+                         "per finished clause (lines), live on a terminal else lines (auto), "
+                         "or pytest's own (off, the default)")
     parser.addini("zmq_conformance", "run the conformance suite in every session",
                   type="bool", default=False)
     parser.addini("zmq_contract", "the contract to check (default p2p)", default="")

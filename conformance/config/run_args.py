@@ -28,7 +28,7 @@ from conformance.supervision import postmortem
 
 __all__ = [
     "DEFAULT_WORKERS", "MAX_WORKER_RESTARTS", "PLUGIN_MODULE", "add_run_options",
-    "parse_run", "plugin_autoloaded", "pytest_args",
+    "output_args", "parse_run", "plugin_autoloaded", "pytest_args",
 ]
 
 #: The plugin, named for ``-p`` when its entry point is not loaded.
@@ -84,6 +84,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", action="append", default=[], metavar="PATH",
                         help="run PATH instead of the built-in suite (suite development)")
     parser.add_argument("-q", "--quiet", action="store_true", help="less pytest output")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="pytest's own output (session header, one line per test) "
+                             "instead of the per-clause progress")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER,
                         help="after '--': extra pytest arguments")
 
@@ -170,13 +173,16 @@ def pytest_args(
         out += ["--zmq-nodes", args.nodes]
     if args.quiet:
         out.append("-q")
+    if args.verbose:
+        out.append("-v")
     cleanup: tempfile.TemporaryDirectory[str] | None = None
     if args.json:
         json_path = Path(args.json).resolve()
-    else:
+        out += ["--zmq-report-json", str(json_path)]
+    else:  # the verdicts still come back, through a file nobody asked to see
         cleanup = tempfile.TemporaryDirectory(prefix="zmq-conformance-")
         json_path = Path(cleanup.name) / "verdicts.json"
-    out += ["--zmq-report-json", str(json_path)]
+        out += ["--zmq-verdicts", str(json_path)]
     if args.junitxml:
         out += ["--zmq-report-junit", str(Path(args.junitxml).resolve())]
     if args.markdown:
@@ -187,6 +193,20 @@ def pytest_args(
     if not plugin_autoloaded():
         out = ["-p", PLUGIN_MODULE, *out]
     return out + extra, json_path, cleanup
+
+
+def output_args(args: argparse.Namespace) -> list[str]:
+    """The pytest arguments of the CLI's own output (not self-check's runs).
+
+    Unless ``-v``: no session header, and per-clause progress (a live line on
+    a terminal, a line per finished clause in a CI log) in place of pytest's
+    letters and percentages.
+    """
+    if args.verbose:
+        return []
+    quiet = [] if args.quiet else ["-q"]  # no "test session starts" line
+    return [*quiet, "--no-header", "--zmq-progress", "auto",
+            "-o", "console_output_style=classic"]
 
 
 def plugin_autoloaded() -> bool:

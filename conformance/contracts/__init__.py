@@ -13,7 +13,9 @@ entry below, pointing at its family package under ``conformance/contracts/``:
   (PUB + replay ROUTER), the publisher under test (EVT) or the consumer under
   test (EVS);
 - ``control`` (:mod:`conformance.contracts.control`): the worker/server control
-  channel, request/reply with PING heartbeats (CTL).
+  channel, request/reply with PING heartbeats (CTL);
+- ``engine-pipeline`` (:mod:`conformance.contracts.engine_pipeline`): API
+  servers and EngineCore processes (vllm-v1 profile), PIPE.
 
 Everything a run needs is named by string (``MODULE:ATTR`` or package name)
 and imported only when used, so importing this module stays cheap and never
@@ -29,6 +31,7 @@ from typing import Any, Final
 
 from conformance.clauses import Clause, merge
 from conformance.contracts.control.clauses import CLAUSES as _CONTROL
+from conformance.contracts.engine_pipeline.clauses import CLAUSES as _PIPELINE
 from conformance.contracts.kv_events.publisher.clauses import CLAUSES as _PUBLISHER
 from conformance.contracts.kv_events.subscriber.clauses import CLAUSES as _SUBSCRIBER
 from conformance.contracts.p2p.clauses import CLAUSES as _P2P
@@ -185,10 +188,28 @@ _CONTROL_CONTRACT = Contract(
     preflight="conformance.contracts.control.preflight:check_profile",
 )
 
+_PIPELINE_CONTRACT = Contract(
+    name="engine-pipeline",
+    title="API server <-> EngineCore pipeline (vllm-v1: ROUTER/DEALER, PUSH/PULL, aux frames)",
+    clauses=_PIPELINE,
+    suite=("conformance.contracts.engine_pipeline.suite",),
+    chaos_suite=("conformance.contracts.engine_pipeline.chaos_suite",),
+    default_factory="reference_impl.engine_pipeline:REFERENCE",
+    mutants="conformance.contracts.engine_pipeline.mutants:CATALOG",
+    fixture="pipeline_spec",
+    make_spec="conformance.contracts.engine_pipeline.spec:make_spec",
+    capabilities="conformance.contracts.engine_pipeline.spec:PipelineCapabilities",
+    factory_shape="an object with factories engine(addresses, *, engine_index, model) and/or "
+    "client(addresses, *, client_index, client_count, engine_indices), or a callable of no "
+    "arguments returning one",
+    probe=((), {}),
+)
+
 #: Every contract by name, in the order ``list`` shows them.
 CONTRACTS: Final[dict[str, Contract]] = {
     c.name: c
-    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT)
+    for c in (_P2P_CONTRACT, _PUBLISHER_CONTRACT, _SUBSCRIBER_CONTRACT, _CONTROL_CONTRACT,
+              _PIPELINE_CONTRACT)
 }
 DEFAULT_CONTRACT: Final = "p2p"
 #: Where a contract's nodes may run (``--nodes`` / ``--zmq-nodes``); ``process``
@@ -196,7 +217,7 @@ DEFAULT_CONTRACT: Final = "p2p"
 NODE_MODES: Final = ("inprocess", "process")
 
 #: Every clause of every contract, contract by contract; an ID claimed twice is an error.
-CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL))
+CLAUSES: Final[dict[str, Clause]] = merge((_P2P, _PUBLISHER, _SUBSCRIBER, _CONTROL, _PIPELINE))
 
 
 def clause(clause_id: str) -> Clause:

@@ -162,6 +162,9 @@ class Recorder:
         state.written = write_reports(
             state.report, **{k: (base / v if v else None) for k, v in paths.items()}
         )
+        verdicts_path = config.getoption("zmq_verdicts")
+        if verdicts_path:  # the CLI's own channel: written, not listed as a report
+            write_reports(state.report, json_path=base / verdicts_path)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         state = self.state

@@ -53,6 +53,7 @@ from conformance import contracts
 from conformance.config import profiles
 from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
+from conformance.reporting import github
 from conformance.selfcheck import batch, clause_filter
 from conformance.selfcheck.mutants import Mutant, load_catalog
 from conformance.supervision import lifeline
@@ -198,6 +199,10 @@ def _child_env(storage: Path, pycache: Path | None = None) -> dict[str, str]:
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(_PROJECT_ROOT) + (os.pathsep + path if path else "")
     env.pop("PYTEST_ADDOPTS", None)
+    # A mutant's failures are the expected result: they must not become annotations
+    # or step-summary reports of the user's CI job.
+    for name in (github.ENV_ACTIONS, github.ENV_SUMMARY):
+        env.pop(name, None)
     return env
 
 

@@ -38,7 +38,7 @@ import pytest
 import requests
 
 import chaos
-from chaos.launcher import ENV_URL, ToxiproxyUnavailable, launch
+from chaos.launcher import ENV_SERVER, ENV_URL, ToxiproxyUnavailable, launch
 from chaos.proxy import Proxy, Toxiproxy, ToxiproxyError
 
 pytestmark = pytest.mark.chaos
@@ -180,7 +180,7 @@ def test_proxy_create_show_list_delete(api: _Api, echo_server: EchoServer) -> No
     )
     assert resp.status_code == 201
     created = resp.json()
-    assert set(created) == {"name", "listen", "upstream", "enabled", "toxics"}
+    assert set(created) == {"name", "listen", "upstream", "enabled", "Logger", "toxics"}
     assert created["name"] == name
     assert created["upstream"] == echo_server.address
     assert created["enabled"] is True
@@ -698,6 +698,7 @@ def test_launcher_starts_a_toxiproxy_server_binary_from_path(
     fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m chaos.toxiproxy_server "$@"\n')
     fake.chmod(0o755)
     monkeypatch.delenv(ENV_URL, raising=False)
+    monkeypatch.delenv(ENV_SERVER, raising=False)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", _embedded_env()["PYTHONPATH"])
     lease = launch("binary")
@@ -715,11 +716,44 @@ def test_launcher_names_the_binary_when_it_cannot_start(
     fake.write_text("#!/bin/sh\necho 'simulated startup failure' >&2\nexit 3\n")
     fake.chmod(0o755)
     monkeypatch.delenv(ENV_URL, raising=False)
+    monkeypatch.delenv(ENV_SERVER, raising=False)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(ToxiproxyUnavailable, match="toxiproxy-server") as info:
         launch()
     assert "simulated startup failure" in str(info.value)
     assert "code 3" in str(info.value)
+
+
+def test_launcher_starts_the_binary_toxiproxy_server_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TOXIPROXY_SERVER`` names a binary outside PATH (a release unpacked
+    anywhere, or CI's copy); it wins over PATH and over the embedded server."""
+    fake = tmp_path / "elsewhere" / "my-toxiproxy"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m chaos.toxiproxy_server "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.delenv(ENV_URL, raising=False)
+    monkeypatch.setenv(ENV_SERVER, str(fake))
+    monkeypatch.setenv("PYTHONPATH", _embedded_env()["PYTHONPATH"])
+    lease = launch()
+    try:
+        assert lease.kind == "binary"
+        assert lease.process is not None and lease.process.args[0] == str(fake)
+        assert requests.get(f"{lease.url}/version", timeout=_IO_TIMEOUT_S).status_code == 200
+    finally:
+        lease.stop()
+
+
+def test_launcher_names_toxiproxy_server_when_it_is_not_a_binary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that asked for a real server never falls back to the embedded one."""
+    monkeypatch.delenv(ENV_URL, raising=False)
+    monkeypatch.setenv(ENV_SERVER, str(tmp_path / "missing"))
+    for prefer in ("auto", "binary"):
+        with pytest.raises(ToxiproxyUnavailable, match=ENV_SERVER):
+            launch(prefer)
 
 
 def test_toxiproxy_python_client_works_against_the_server(

@@ -22,8 +22,10 @@ left, so a fault never leaks out of the test that made it.
 What the toxics do (toxiproxy 2.x semantics, the embedded server follows
 them): ``timeout`` with ``timeout=0`` lets no byte through and never closes
 (a silent partition); removing it closes the connections it held, as a real
-partition that heals leaves broken TCP streams behind. ``reset_peer`` resets
-a connection (TCP RST) as soon as data flows. A disabled proxy closes its
+partition that heals leaves broken TCP streams behind. ``reset_peer`` cuts
+a connection as soon as data flows: with a TCP RST when the connection was
+opened while the toxic existed (toxiproxy sets SO_LINGER 0 when a
+connection starts), with a plain close when it is older. A disabled proxy closes its
 connections and refuses new ones. ``latency``, ``slicer`` and ``bandwidth``
 delay, fragment and throttle without losing bytes; ``slow_close`` with a
 long delay (:meth:`Faults.hold_close`) holds a close back.
@@ -129,7 +131,8 @@ class Faults:
                            {"latency": latency_ms, "jitter": jitter_ms})
 
     def reset(self, *nodes: Node, after_ms: int = 0) -> Fault:
-        """Reset (TCP RST) every connection ``after_ms`` after data flows on it."""
+        """Cut every connection ``after_ms`` after data flows on it (a TCP RST on
+        connections opened while the fault lasts, a close on older ones)."""
         return self._toxic("reset", nodes, "reset_peer", {"timeout": after_ms})
 
     def slice(

@@ -1,0 +1,1 @@
+"""The engine-pipeline chaos suite: network faults between client and engine (toxiproxy)."""

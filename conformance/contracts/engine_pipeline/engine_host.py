@@ -1,0 +1,92 @@
+"""The process an engine under test runs in: ``python -m ...engine_host CONFIG``.
+
+With ``"side": "client"`` it hosts a client instead (built with
+``addresses`` and ``options``, made ready, "READY" printed, then idle until
+killed): a client whose death the suite can cause.
+
+``CONFIG`` is a JSON object: ``factory`` (``MODULE:ATTR`` of the engine
+factory), ``addresses``, ``engine_index``, ``model`` (options of
+:class:`~reference_impl.engine_pipeline.model.FakeModel`) and ``options``
+(keyword arguments for the factory). The host builds the model and the
+engine, then calls ``serve()``. Exit status: 0 when ``serve()`` returns,
+:data:`FAILED` when building or serving raised (the traceback goes to
+stderr). SIGTERM asks the engine to shut down (its ``shutdown()`` if it has
+one, else ``SystemExit`` in ``serve()``). The host ends with the suite that
+started it (``conformance.supervision.lifeline``). It prints "SERVING" on
+stdout when the engine is built and ``serve()`` starts, so bounds on the
+engine's own behaviour never include the interpreter's start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import sys
+import traceback
+from types import FrameType
+from typing import Any
+
+from conformance.supervision.lifeline import bind_to_parent
+from reference_impl.engine_pipeline.model import FakeModel
+
+FAILED = 3
+
+
+def _resolve(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    config = json.loads(argv[0])
+    bind_to_parent()
+    if config.get("side") == "client":
+        return _client(config)
+    try:
+        factory = _resolve(config["factory"])
+        model = FakeModel.from_options(config.get("model"))
+        engine = factory(config["addresses"], engine_index=config["engine_index"], model=model,
+                         **config.get("options", {}))
+    except BaseException:
+        traceback.print_exc()
+        return FAILED
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop = getattr(engine, "shutdown", None)
+        if callable(stop):
+            stop()
+        else:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    print("SERVING", flush=True)  # built: what follows is the engine's own time
+    try:
+        engine.serve()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except BaseException:
+        traceback.print_exc()
+        return FAILED
+    return 0
+
+
+def _client(config: dict[str, Any]) -> int:
+    """A client in a process of its own: built, ready, then idle until killed."""
+    try:
+        client = _resolve(config["factory"])(config["addresses"], **config.get("options", {}))
+        client.wait_ready()
+    except BaseException:
+        traceback.print_exc()
+        return FAILED
+    print("READY", flush=True)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

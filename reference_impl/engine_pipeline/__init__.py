@@ -1,0 +1,120 @@
+"""The engine-pipeline contract (PIPE-1..12) on the ``vllm-v1`` profile: reference sides.
+
+vLLM V1's API servers talk to their EngineCore processes over ZeroMQ: a
+ROUTER and a PULL bound by each client, a DEALER and a PUSH per client
+connected by each engine, MessagePack with aux frames for arrays, a
+HELLO/READY handshake and an ``ENGINE_CORE_DEAD`` sentinel. This package is
+that pipeline, torch-free (pyzmq, msgspec, numpy), as the executable meaning
+of the contract:
+
+- :mod:`.wire`: the profile (type bytes, framing, encoding, strict decoding);
+- :mod:`.engine`: :class:`EngineCore`, the engine side;
+- :mod:`.client`: :class:`EngineClient`, the client side;
+- :mod:`.model`: :class:`FakeModel`, the deterministic engine core the suite
+  drives engines with;
+- :mod:`.errors`: the typed errors.
+
+``REFERENCE`` is what ``zmq-conformance run --contract engine-pipeline``
+tests by default: an implementation object with an ``engine`` and a
+``client`` factory and its declared ``capabilities``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference_impl.engine_pipeline.client import EngineClient, RequestOutput
+from reference_impl.engine_pipeline.engine import EngineCore
+from reference_impl.engine_pipeline.errors import (
+    AddressInUse,
+    ClientClosed,
+    DuplicateRequest,
+    EngineDead,
+    EngineFatal,
+    HandshakeRefused,
+    HandshakeTimeout,
+    MessageTooLarge,
+    PipelineError,
+    ReadyTimeout,
+    UtilityFailed,
+    UtilityTimeout,
+)
+from reference_impl.engine_pipeline.model import FakeModel, token_of
+from reference_impl.engine_pipeline.wire import FinishReason
+
+#: ZMTP heartbeats of the reference client's PULL as tested: a paused engine is dead after
+#: ~0.5 s. The engine side sets none: a PUSH that sends PINGs to a client that stopped
+#: reading gets no PONG past the stalled bytes, and libzmq would drop that connection with
+#: every output queued on it.
+HEARTBEAT_IVL_MS = 100
+HEARTBEAT_TIMEOUT_MS = 400
+
+
+@dataclass(frozen=True)
+class PipelineImplementation:
+    """An engine-pipeline implementation: an engine factory, a client factory, or both.
+
+    A side left ``None`` is not under test; the suite plays it with the
+    reference. ``capabilities`` are what it declares (see
+    ``conformance.contracts.engine_pipeline.spec``). Calling it returns
+    itself, so ``MODULE:ATTR`` may name it or a zero-argument callable.
+    """
+
+    engine: Any = None
+    client: Any = None
+    capabilities: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> PipelineImplementation:
+        return self
+
+
+class HeartbeatClient(EngineClient):
+    """The reference client with ZMTP heartbeats on its output PULL (``detects_hang``)."""
+
+    def __init__(self, addresses: Any = "tcp", **options: Any) -> None:
+        options.setdefault("heartbeat_ivl_ms", HEARTBEAT_IVL_MS)
+        options.setdefault("heartbeat_timeout_ms", HEARTBEAT_TIMEOUT_MS)
+        super().__init__(addresses, **options)
+
+
+REFERENCE_CAPABILITIES: Mapping[str, Any] = {
+    "wire": "vllm-v1",
+    "detects_hang": True,
+    "death_bound_ms": 1500,
+    "shutdown_bound_ms": 2000,
+    "malformed_input": "tolerate",
+    "restart": "none",
+    "max_message_bytes": 64 << 20,
+}
+
+REFERENCE = PipelineImplementation(engine=EngineCore, client=HeartbeatClient,
+                                   capabilities=REFERENCE_CAPABILITIES)
+
+__all__ = [
+    "HEARTBEAT_IVL_MS",
+    "HEARTBEAT_TIMEOUT_MS",
+    "REFERENCE",
+    "REFERENCE_CAPABILITIES",
+    "AddressInUse",
+    "ClientClosed",
+    "DuplicateRequest",
+    "EngineClient",
+    "EngineCore",
+    "EngineDead",
+    "EngineFatal",
+    "FakeModel",
+    "FinishReason",
+    "HandshakeRefused",
+    "HandshakeTimeout",
+    "HeartbeatClient",
+    "MessageTooLarge",
+    "PipelineError",
+    "PipelineImplementation",
+    "ReadyTimeout",
+    "RequestOutput",
+    "UtilityFailed",
+    "UtilityTimeout",
+    "token_of",
+]

@@ -1,0 +1,569 @@
+"""The reference client side of the ``vllm-v1`` pipeline (an API server's engine client).
+
+``EngineClient(addresses, *, client_index, client_count, engine_indices, **options)``
+binds a handshake ROUTER, a request ROUTER and an output PULL, then
+``wait_ready()`` shakes hands with every expected engine: a HELLO from an
+engine index it expects gets WELCOME (the request and output addresses, this
+client's index and pid); an unknown or duplicate index gets REFUSED. Ready
+means every engine said READY and its DEALER's first message arrived (the
+ROUTER can route to it). ``wait_ready`` raises :class:`ReadyTimeout` after
+``ready_timeout_ms`` naming the engines still missing, and
+:class:`EngineDead` at once when a greeted engine's process ends.
+
+Addresses are late-bound: ``"tcp"`` (loopback, port 0 for all three) or
+``"ipc"`` (a fresh private directory) or a mapping ``{"handshake": ...,
+"input": ..., "output": ...}`` whose tcp ports may be 0; :attr:`addresses`
+holds what was bound. An explicit ipc path that a live pipeline holds is
+refused (:class:`AddressInUse`; libzmq would silently take it over); a stale
+one is replaced. Every ipc file this client bound is removed by ``close()``.
+
+After ready an I/O thread owns the output PULL and the handshake socket. It
+delivers outputs of requests in flight (per request, in arrival order),
+resolves utility calls by call id (late results are dropped), and watches
+for death three ways: the one-frame ``ENGINE_CORE_DEAD``, the end of an
+engine process (a pidfd, for engines on this host), and, with
+``heartbeat_ivl_ms``, ZMTP heartbeats on the PULL (a paused engine: its
+connection is dropped after ``heartbeat_timeout_ms``). On death every
+waiter and pending call is released with :class:`EngineDead`, later calls
+raise it at once, and outputs that arrive afterwards are dropped: restart
+policy ``none``, as vLLM (a HELLO after ready is refused).
+
+Callers may use the client from several threads (requests are sent under a
+lock); ``close()`` is bounded and idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import socket as _socket
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Final
+
+import msgspec
+import zmq
+
+from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline.errors import (
+    AddressInUse,
+    ClientClosed,
+    DuplicateRequest,
+    EngineDead,
+    MessageTooLarge,
+    ReadyTimeout,
+    UtilityFailed,
+    UtilityTimeout,
+)
+from reference_impl.engine_pipeline.procwatch import ProcessWatch
+from reference_impl.engine_pipeline.wire import (
+    ENGINE_CORE_DEAD,
+    AddRequest,
+    FinishReason,
+    RequestType,
+)
+
+__all__ = ["CLOSE_BOUND_S", "IPC_PATH_MAX", "EngineClient", "RequestOutput"]
+
+log = logging.getLogger(__name__)
+
+#: ``close()`` returns within this bound.
+CLOSE_BOUND_S: Final = 1.0
+#: sun_path holds 108 bytes on Linux, the terminating NUL included.
+IPC_PATH_MAX: Final = 107
+_ROLES: Final = ("handshake", "input", "output")
+_IO_POLL_MS: Final = 50
+_monitor_ids = itertools.count()
+_ZERO_COPY_BYTES: Final = 65536
+_IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
+
+
+class RequestOutput(msgspec.Struct, frozen=True):
+    """One output of one request, as :meth:`EngineClient.outputs` returns it."""
+
+    request_id: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    engine_index: int
+    payload: Any = None
+    detail: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class EngineClient:
+    """One API server's client of its engines (see the module docstring)."""
+
+    def __init__(self, addresses: str | Mapping[str, Any] = "tcp", *, client_index: int = 0,
+                 client_count: int = 1, engine_indices: Sequence[int] = (0,),
+                 ready_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
+                 heartbeat_timeout_ms: int = 0, max_message_bytes: int = 64 << 20) -> None:
+        if not 0 <= client_index < client_count:
+            raise ValueError(f"client_index {client_index} not in range({client_count})")
+        if not engine_indices or len(set(engine_indices)) != len(engine_indices):
+            raise ValueError(f"engine_indices {list(engine_indices)} must be distinct, and "
+                             "at least one")
+        self.client_index = client_index
+        self.client_count = client_count
+        self.engine_indices = list(engine_indices)
+        self.ready_timeout_ms = ready_timeout_ms
+        self.heartbeat_ivl_ms = heartbeat_ivl_ms
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms or heartbeat_ivl_ms * 3
+        self.max_message_bytes = max_message_bytes
+        self.dropped_frames = 0
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._ipc_dir: str | None = None
+        self._ipc_files: list[str] = []
+        self._send_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._encoder = wire.Encoder()
+        self._outputs: deque[RequestOutput] = deque()
+        self._requests: dict[str, int] = {}
+        self._calls: dict[int, Future[Any]] = {}
+        self._call_ids = itertools.count(1)
+        self._round_robin = itertools.cycle(self.engine_indices)
+        self._watches: dict[int, ProcessWatch] = {}
+        self._dead: EngineDead | None = None
+        self._closed = False
+        self._ready = False
+        self._io_thread: threading.Thread | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._sockets: list[zmq.Socket[bytes]] = []
+        try:
+            endpoints = self._endpoints(addresses)
+            self._handshake = self._bind(zmq.ROUTER, endpoints["handshake"])
+            self._input = self._bind(zmq.ROUTER, endpoints["input"], mandatory=True)
+            self._output = self._bind(zmq.PULL, endpoints["output"], heartbeat=True)
+        except BaseException:
+            self._release()
+            raise
+        self.addresses = {
+            role: sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            for role, sock in zip(_ROLES, (self._handshake, self._input, self._output),
+                                  strict=True)
+        }
+        advertise = addresses.get("advertise") if isinstance(addresses, Mapping) else None
+        #: What WELCOME tells engines to connect to (a proxy in front, for instance).
+        self.advertised = {role: str((advertise or {}).get(role, self.addresses[role]))
+                           for role in ("input", "output")}
+
+    # -- addresses ----------------------------------------------------------------
+
+    @property
+    def handshake_address(self) -> str:
+        """What engines are given to reach this client."""
+        return self.addresses["handshake"]
+
+    def _endpoints(self, addresses: str | Mapping[str, Any]) -> dict[str, str]:
+        if addresses == "tcp":
+            return dict.fromkeys(_ROLES, "tcp://127.0.0.1:0")
+        if addresses == "ipc":
+            self._ipc_dir = tempfile.mkdtemp(prefix="zmqep-")
+            if len(self._ipc_dir) + 12 > IPC_PATH_MAX:
+                shutil.rmtree(self._ipc_dir, ignore_errors=True)
+                self._ipc_dir = tempfile.mkdtemp(prefix="zmqep-", dir="/tmp")
+            return {role: f"ipc://{self._ipc_dir}/{role[:2]}" for role in _ROLES}
+        if isinstance(addresses, Mapping):
+            missing = [r for r in _ROLES if r not in addresses]
+            if missing:
+                raise ValueError(f"addresses lack {', '.join(missing)}; give all of "
+                                 f"{', '.join(_ROLES)}, or 'tcp' or 'ipc'")
+            return {role: str(addresses[role]) for role in _ROLES}
+        raise ValueError(f"addresses must be 'tcp', 'ipc' or a mapping of {', '.join(_ROLES)}; "
+                         f"got {addresses!r:.80}")
+
+    def _bind(self, kind: int, endpoint: str, *, mandatory: bool = False,
+              heartbeat: bool = False) -> zmq.Socket[bytes]:
+        sock = self._ctx.socket(kind)
+        self._sockets.append(sock)
+        sock.setsockopt(zmq.LINGER, 0)
+        if mandatory:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if kind == zmq.PULL:
+            sock.setsockopt(zmq.RCVHWM, 0)
+        if heartbeat and self.heartbeat_ivl_ms:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_timeout_ms)
+        if endpoint.startswith("ipc://"):
+            path = endpoint[len("ipc://"):]
+            _claim_ipc_path(path)
+            sock.bind(endpoint)
+            self._ipc_files.append(path)
+        elif endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+            sock.bind(endpoint[:-2] + ":*")
+        else:
+            sock.bind(endpoint)
+        return sock
+
+    # -- startup ------------------------------------------------------------------
+
+    def wait_ready(self, timeout_ms: int | None = None) -> None:
+        """Shake hands until every expected engine is ready (see the module docstring)."""
+        self._check_usable()
+        if self._ready:
+            return
+        limit_ms = self.ready_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + limit_ms / 1000
+        expected = set(self.engine_indices)
+        said_ready: set[int] = set()
+        registered: set[int] = set()
+        poller = zmq.Poller()
+        poller.register(self._handshake, zmq.POLLIN)
+        poller.register(self._input, zmq.POLLIN)
+        while not (said_ready >= expected and registered >= expected):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(expected - (said_ready & registered))
+                raise ReadyTimeout(f"client {self.client_index}: engine(s) {missing} not ready "
+                                   f"within {limit_ms} ms (greeted: {sorted(self._watches)}, "
+                                   f"said READY: {sorted(said_ready)})")
+            for sock, _ in poller.poll(int(min(left, 0.05) * 1000) + 1):
+                if sock is self._input:
+                    frames = sock.recv_multipart()
+                    index = wire.identity_index(frames[0])
+                    if index in expected:
+                        registered.add(index)
+                else:
+                    self._on_handshake(sock.recv_multipart(), expected, said_ready)
+            for index, watch in self._watches.items():
+                if watch.exited():
+                    self._die(f"engine {index} (pid {watch.pid}) exited during startup")
+                    raise self._dead_error()
+        self._ready = True
+        self._io_thread = threading.Thread(target=self._io_loop, daemon=True,
+                                           name=f"engine-client{self.client_index}-io")
+        self._io_thread.start()
+
+    def _on_handshake(self, frames: list[bytes], expected: set[int] | None,
+                      said_ready: set[int]) -> None:
+        if len(frames) != 2:
+            self.dropped_frames += 1
+            return
+        routing_id, frame = frames
+        try:
+            message = wire.decode_handshake(frame)
+        except wire.WireError as exc:
+            self.dropped_frames += 1
+            log.warning("client %d: bad handshake frame: %s", self.client_index, exc)
+            return
+        index = message.get("engine_index")
+        status = message["status"]
+        if status == "HELLO":
+            reason = self._refusal(index, expected)
+            if reason is not None:
+                self._handshake.send_multipart([routing_id, wire.encode_handshake(
+                    {"status": "REFUSED", "reason": reason})])
+                return
+            assert isinstance(index, int)
+            pid = message.get("pid")
+            if isinstance(pid, int) and message.get("host") == _socket.gethostname():
+                self._watches[index] = ProcessWatch(pid)
+            self._handshake.send_multipart([routing_id, wire.encode_handshake({
+                "status": "WELCOME", "client_index": self.client_index,
+                "input": self.advertised["input"], "output": self.advertised["output"],
+                "pid": os.getpid(), "host": _socket.gethostname(),
+            })])
+        elif status == "READY" and isinstance(index, int) and index in self._watches:
+            said_ready.add(index)
+        elif status == "READY" and isinstance(index, int) and expected is not None \
+                and index in expected:
+            said_ready.add(index)  # an engine on another host (no pid watch)
+
+    def _refusal(self, index: Any, expected: set[int] | None) -> str | None:
+        if not isinstance(index, int) or isinstance(index, bool):
+            return f"engine_index {index!r:.20} is not an integer"
+        if expected is None:
+            return (f"engine {index}: this client is running and adopts no engine "
+                    "(restart policy none)")
+        if index not in expected:
+            return f"engine {index} is not one of {sorted(expected)}"
+        watch = self._watches.get(index)
+        if watch is not None and not watch.exited():
+            return f"engine {index} is already greeted (pid {watch.pid}): a duplicate"
+        return None
+
+    # -- requests -----------------------------------------------------------------
+
+    def add(self, request_id: str, prompt: Sequence[int], max_tokens: int,
+            payload: Any = None, engine: int | None = None) -> None:
+        """Send one request; its outputs come from :meth:`outputs`."""
+        self._check_usable()
+        target = next(self._round_robin) if engine is None else engine
+        if target not in self.engine_indices:
+            raise ValueError(f"engine {target} is not one of {self.engine_indices}")
+        request = AddRequest(request_id, list(prompt), max_tokens, self.client_index,
+                             wire.prepare(payload))
+        with self._send_lock:
+            frames = self._encoder.encode(request)
+            size = sum(memoryview(f).nbytes for f in frames)
+            if size > self.max_message_bytes:
+                raise MessageTooLarge(f"request {request_id!r} encodes to {size} bytes; "
+                                      f"max_message_bytes is {self.max_message_bytes}")
+            with self._state:
+                self._check_usable()
+                if request_id in self._requests:
+                    raise DuplicateRequest(f"request {request_id!r} is still in flight")
+                self._requests[request_id] = target
+            try:
+                self._send(target, RequestType.ADD, frames)
+            except BaseException:
+                with self._state:
+                    self._requests.pop(request_id, None)
+                raise
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Abort requests in flight; each ends with one ABORT finish (unknown ids: ignored)."""
+        self._check_usable()
+        per_engine: dict[int, list[str]] = {}
+        with self._state:
+            for rid in request_ids:
+                target = self._requests.get(rid)
+                if target is not None:
+                    per_engine.setdefault(target, []).append(rid)
+        with self._send_lock:
+            for target, ids in per_engine.items():
+                self._send(target, RequestType.ABORT, self._encoder.encode(ids))
+
+    def call(self, method: str, *args: Any, timeout_ms: int = 5000,
+             engine: int | None = None) -> Any:
+        """Run a utility on an engine (default: the first) and return its result."""
+        self._check_usable()
+        target = self.engine_indices[0] if engine is None else engine
+        if target not in self.engine_indices:
+            raise ValueError(f"engine {target} is not one of {self.engine_indices}")
+        call_id = next(self._call_ids)
+        future: Future[Any] = Future()
+        with self._state:
+            self._check_usable()
+            self._calls[call_id] = future
+        try:
+            with self._send_lock:
+                body = (self.client_index, call_id, method, wire.prepare(list(args)))
+                self._send(target, RequestType.UTILITY, self._encoder.encode(body))
+            return future.result(timeout_ms / 1000)
+        except FutureTimeout:
+            raise UtilityTimeout(f"utility {method!r} (call {call_id}) got no result within "
+                                 f"{timeout_ms} ms") from None
+        finally:
+            with self._state:
+                self._calls.pop(call_id, None)
+
+    def _send(self, target: int, kind: RequestType, frames: list[Any]) -> None:
+        try:
+            # Zero-copy only pays for large frames (pyzmq copies below 64 KiB anyway).
+            large = any(memoryview(f).nbytes >= _ZERO_COPY_BYTES for f in frames)
+            self._input.send_multipart([_IDENTITIES.get(target) or wire.engine_identity(target),
+                                        kind.value, *frames], copy=not large)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._die(f"engine {target} is not connected (EHOSTUNREACH)")
+                raise self._dead_error() from None
+            raise
+
+    # -- outputs ------------------------------------------------------------------
+
+    def outputs(self, timeout_ms: int = 0) -> list[RequestOutput]:
+        """Outputs received since the last call, waiting up to ``timeout_ms`` for one.
+
+        Outputs already received are returned even after a death; once none
+        is left, a dead client raises :class:`EngineDead` (a closed one
+        :class:`ClientClosed`).
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
+        with self._state:
+            while not self._outputs:
+                if self._closed:
+                    raise ClientClosed("the client is closed")
+                if self._dead is not None:
+                    raise self._dead_error()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                self._state.wait(left)
+            taken = list(self._outputs)
+            self._outputs.clear()
+            return taken
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and not self._closed
+
+    def _io_loop(self) -> None:
+        decoders = wire.Decoders()
+        poller = zmq.Poller()
+        poller.register(self._output, zmq.POLLIN)
+        poller.register(self._handshake, zmq.POLLIN)
+        if self.heartbeat_ivl_ms:
+            self._monitor = self._start_monitor()
+            poller.register(self._monitor, zmq.POLLIN)
+        for watch in self._watches.values():
+            if watch.fd is not None:
+                poller.register(watch.fd, zmq.POLLIN)
+        try:
+            while not self._closed:
+                events = dict(poller.poll(_IO_POLL_MS))
+                if self._output in events:
+                    for _ in range(256):
+                        try:
+                            frames = self._output.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._on_output(frames, decoders)
+                if self._handshake in events:
+                    self._on_handshake(self._handshake.recv_multipart(), None, set())
+                if self._monitor is not None and self._monitor in events:
+                    self._on_monitor_event(self._monitor.recv_multipart())
+                for index, watch in self._watches.items():
+                    if (watch.fd is None or watch.fd in events) and watch.exited():
+                        self._die(f"engine {index} (pid {watch.pid}) exited")
+        except zmq.ContextTerminated:
+            return
+        except Exception as exc:
+            self._die(f"the client's I/O thread failed: {type(exc).__name__}: {exc}")
+
+    def _on_output(self, frames: list[Any], decoders: wire.Decoders) -> None:
+        if len(frames) == 1 and frames[0].bytes == ENGINE_CORE_DEAD:
+            self._die("an engine reported a fatal error (ENGINE_CORE_DEAD)")
+            return
+        try:
+            message = wire.decode_outputs(frames, decoders)
+        except wire.WireError as exc:
+            self.dropped_frames += 1
+            log.warning("client %d: dropped an output message: %s", self.client_index, exc)
+            return
+        with self._state:
+            if self._dead is not None or self._closed:
+                return
+            utility = message.utility_output
+            if utility is not None:
+                future = self._calls.get(utility.call_id)
+                if future is not None and not future.done():
+                    if utility.failure_message is not None:
+                        future.set_exception(UtilityFailed(utility.failure_message))
+                    else:
+                        future.set_result(utility.result)
+            delivered = False
+            for out in message.outputs:
+                if self._requests.get(out.request_id) != message.engine_index:
+                    self.dropped_frames += 1  # unknown, finished, or another engine's
+                    continue
+                reason = None if out.finish_reason is None else _finish(out.finish_reason)
+                if reason is not None:
+                    del self._requests[out.request_id]
+                self._outputs.append(RequestOutput(out.request_id, out.new_token_ids,
+                                                   reason, message.engine_index,
+                                                   out.payload, out.detail))
+                delivered = True
+            if delivered:
+                self._state.notify_all()
+
+    def _start_monitor(self) -> zmq.Socket[bytes]:
+        endpoint = f"inproc://engine-client-monitor-{os.getpid()}-{next(_monitor_ids)}"
+        self._output.monitor(endpoint, zmq.EVENT_DISCONNECTED)
+        monitor = self._ctx.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(endpoint)
+        self._sockets.append(monitor)
+        return monitor
+
+    def _on_monitor_event(self, frames: list[bytes]) -> None:
+        event = int.from_bytes(frames[0][:2], "little") if frames and len(frames[0]) >= 2 else 0
+        if event == zmq.EVENT_DISCONNECTED:
+            self._die("an engine's output connection was lost (no heartbeat within "
+                      f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
+
+    # -- death and close ------------------------------------------------------------
+
+    def _die(self, reason: str) -> None:
+        with self._state:
+            if self._dead is not None or self._closed:
+                return
+            log.warning("client %d: engine dead: %s", self.client_index, reason)
+            self._dead = EngineDead(reason)
+            self._requests.clear()
+            for future in self._calls.values():
+                if not future.done():
+                    future.set_exception(EngineDead(reason))
+            self._state.notify_all()
+
+    def _dead_error(self) -> EngineDead:
+        assert self._dead is not None
+        return EngineDead(str(self._dead))
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed")
+        if self._dead is not None:
+            raise self._dead_error()
+
+    def close(self) -> None:
+        """Release everything (bounded, idempotent); waiters get :class:`ClientClosed`."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            for future in self._calls.values():
+                if not future.done():
+                    future.set_exception(ClientClosed("the client was closed"))
+            self._state.notify_all()
+        if self._io_thread is not None:
+            self._io_thread.join(CLOSE_BOUND_S / 2)
+        if self._monitor is not None and self._io_thread is not None \
+                and not self._io_thread.is_alive():
+            self._output.disable_monitor()
+        self._release()
+
+    def _release(self) -> None:
+        for watch in self._watches.values():
+            watch.close()
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._ctx.term()
+        for path in self._ipc_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _finish(value: int) -> FinishReason:
+    try:
+        return FinishReason(value)
+    except ValueError:
+        return FinishReason.ERROR
+
+
+def _claim_ipc_path(path: str) -> None:
+    """Refuse a path a live socket listens on; remove a stale one (libzmq would take over)."""
+    if len(path.encode()) > IPC_PATH_MAX:
+        raise ValueError(f"ipc path {path!r} is {len(path.encode())} bytes; the socket path "
+                         f"limit is {IPC_PATH_MAX}")
+    if not os.path.exists(path):
+        return
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        probe.settimeout(0.5)
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: a leftover of a dead pipeline
+        return
+    finally:
+        probe.close()
+    raise AddressInUse(f"ipc path {path} is held by a live pipeline; refusing to take it over")

@@ -1,0 +1,428 @@
+"""The reference engine side of the ``vllm-v1`` pipeline (an EngineCore process).
+
+``EngineCore(addresses, *, engine_index, model, **options)`` then ``serve()``.
+``addresses`` lists the handshake address of every client, in client-index
+order. ``serve()`` shakes hands with each client (HELLO, then the client's
+WELCOME naming its request and output addresses), connects a DEALER
+(identity: the engine index, 2 bytes little endian) and a PUSH to each,
+sends the DEALER's first message so the client's ROUTER knows it, says
+READY, and runs three threads:
+
+- the *input thread* receives requests from every DEALER and decodes them
+  (strictly: :mod:`reference_impl.engine_pipeline.wire`). Hostile frames are
+  logged, counted in :attr:`EngineCore.dropped_frames` and dropped; anything
+  else it raises is handed to the main loop as a fatal error, never a
+  silently dead thread (vLLM #26139).
+- the *main loop* (the caller's thread) applies requests to the model and
+  steps it while requests run; it never blocks on the pipeline: outputs go
+  to an unbounded queue.
+- the *output thread* encodes outputs (per client) into reused buffers and
+  sends them without blocking. A client that stops reading gets a backlog
+  of its own; the others are unaffected (PIPE-4). A blob buffer is reused
+  only when the tracker of the frame that carries it (frame 0, the payload
+  frame) is done; ``send_multipart`` returns the *last* frame's tracker,
+  which says nothing about frame 0 (vLLM #24655, PR #50053).
+
+A fatal error (the model's step raises, the input thread fails) sends the
+one-frame :data:`ENGINE_CORE_DEAD` to every client and makes ``serve()``
+raise :class:`EngineFatal`, so an engine process exits non-zero.
+``shutdown()`` (any thread, or SIGTERM through the caller) ends ``serve()``
+normally within :data:`SHUTDOWN_BOUND_S`. The engine also ends when a client
+process it was welcomed by is gone (a killed API server takes its engines
+with it, vLLM #55510).
+
+Options: ``handshake_timeout_ms`` (default 10000) bounds the wait for each
+WELCOME; ``heartbeat_ivl_ms``/``heartbeat_timeout_ms`` set ZMTP heartbeats
+on the engine's sockets (0: off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket as _socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Final
+
+import zmq
+
+from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline.errors import (
+    EngineFatal,
+    HandshakeRefused,
+    HandshakeTimeout,
+)
+from reference_impl.engine_pipeline.procwatch import ProcessWatch
+from reference_impl.engine_pipeline.wire import (
+    ENGINE_CORE_DEAD,
+    EngineOutput,
+    EngineOutputs,
+    RequestType,
+    UtilityOutput,
+)
+
+__all__ = ["SHUTDOWN_BOUND_S", "EngineCore"]
+
+log = logging.getLogger(__name__)
+
+#: How long ``serve()`` takes at most to return after ``shutdown()``.
+SHUTDOWN_BOUND_S: Final = 1.0
+_IDLE_WAIT_S: Final = 0.02
+_INPUT_POLL_MS: Final = 50
+_INPUT_BATCH: Final = 1024
+_WATCH_EVERY_S: Final = 0.05
+
+_Fatal = tuple[str, BaseException]
+
+
+class EngineCore:
+    """One engine (see the module docstring). Build it, then call :meth:`serve` once."""
+
+    #: The output thread's sender (a hook for variants of the reference).
+    _sender_type: type[_OutputSender]
+
+    def __init__(self, addresses: Sequence[str], *, engine_index: int, model: Any,
+                 handshake_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
+                 heartbeat_timeout_ms: int = 0) -> None:
+        if not addresses:
+            raise ValueError("an engine needs the handshake address of at least one client")
+        if not 0 <= engine_index < 1 << 16:
+            raise ValueError(f"engine_index {engine_index} does not fit 2 bytes")
+        self.addresses = list(addresses)
+        self.engine_index = engine_index
+        self.model = model
+        self.handshake_timeout_ms = handshake_timeout_ms
+        self.heartbeat_ivl_ms = heartbeat_ivl_ms
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms or heartbeat_ivl_ms * 3
+        self.dropped_frames = 0
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._stop = threading.Event()
+        self._inputs: queue.SimpleQueue[tuple[RequestType, Any] | _Fatal] = queue.SimpleQueue()
+        self._outputs: queue.SimpleQueue[tuple[int, EngineOutputs] | None] = queue.SimpleQueue()
+        self._handshakes: list[zmq.Socket[bytes]] = []
+        self._dealers: list[zmq.Socket[bytes]] = []
+        self._pushes: list[zmq.Socket[bytes]] = []
+        self._client_watches: list[ProcessWatch] = []
+        self._served = False
+
+    # -- public -----------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """End :meth:`serve` (thread-safe, idempotent)."""
+        self._stop.set()
+
+    def serve(self) -> None:
+        """Handshake, then run until :meth:`shutdown`, a client's end, or a fatal error."""
+        if self._served:
+            raise RuntimeError("serve() runs once per EngineCore")
+        self._served = True
+        threads: list[threading.Thread] = []
+        try:
+            self._handshake()
+            threads = [
+                threading.Thread(target=self._input_loop, daemon=True,
+                                 name=f"engine{self.engine_index}-input"),
+                threading.Thread(target=self._output_loop, daemon=True,
+                                 name=f"engine{self.engine_index}-output"),
+            ]
+            for thread in threads:
+                thread.start()
+            fatal = self._main_loop()
+            if fatal is not None:
+                where, exc = fatal
+                self._send_dead(threads)
+                raise EngineFatal(f"engine {self.engine_index}: {where} failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self._stop.set()
+            self._outputs.put(None)
+            for thread in threads:
+                thread.join(SHUTDOWN_BOUND_S / 2)
+            self._teardown()
+
+    # -- startup ----------------------------------------------------------------
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.heartbeat_ivl_ms:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_timeout_ms)
+        return sock
+
+    def _handshake(self) -> None:
+        hello = wire.encode_handshake({
+            "status": "HELLO", "engine_index": self.engine_index, "pid": os.getpid(),
+            "host": _socket.gethostname(), "profile": wire.PROFILE,
+        })
+        for address in self.addresses:
+            hs = self._socket(zmq.DEALER)
+            hs.setsockopt(zmq.LINGER, 500)  # READY must leave before a quick close
+            hs.connect(address)
+            self._handshakes.append(hs)
+            hs.send(hello)
+        welcomes: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + self.handshake_timeout_ms / 1000
+        poller = zmq.Poller()
+        for hs in self._handshakes:
+            poller.register(hs, zmq.POLLIN)
+        while len(welcomes) < len(self._handshakes):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                missing = [a for i, a in enumerate(self.addresses) if i not in welcomes]
+                raise HandshakeTimeout(f"engine {self.engine_index}: no answer to HELLO from "
+                                       f"{', '.join(missing)} within "
+                                       f"{self.handshake_timeout_ms} ms")
+            for sock, _ in poller.poll(int(min(left, 0.1) * 1000) + 1):
+                position = self._handshakes.index(sock)
+                try:
+                    message = wire.decode_handshake(sock.recv())
+                except wire.WireError as exc:
+                    log.warning("engine %d: bad handshake frame from %s: %s",
+                                self.engine_index, self.addresses[position], exc)
+                    continue
+                if message["status"] == "REFUSED":
+                    raise HandshakeRefused(f"engine {self.engine_index}: "
+                                           f"{self.addresses[position]} refused it: "
+                                           f"{message.get('reason')}")
+                if message["status"] == "WELCOME":
+                    welcomes[position] = message
+        for position in range(len(self._handshakes)):
+            self._connect_client(position, welcomes[position])
+
+    def _connect_client(self, position: int, welcome: dict[str, Any]) -> None:
+        if welcome.get("client_index") != position:
+            raise HandshakeRefused(f"engine {self.engine_index}: the client at "
+                                   f"{self.addresses[position]} says it is client "
+                                   f"{welcome.get('client_index')!r}, expected {position}")
+        dealer = self._socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, wire.engine_identity(self.engine_index))
+        dealer.connect(str(welcome["input"]))
+        push = self._socket(zmq.PUSH)
+        push.connect(str(welcome["output"]))
+        # The first message: the ROUTER learns this identity before it sends anything.
+        dealer.send(b"")
+        self._dealers.append(dealer)
+        self._pushes.append(push)
+        pid = welcome.get("pid")
+        if isinstance(pid, int) and welcome.get("host") == _socket.gethostname():
+            self._client_watches.append(ProcessWatch(pid))
+        self._handshakes[position].send(wire.encode_handshake(
+            {"status": "READY", "engine_index": self.engine_index}))
+
+    # -- threads ----------------------------------------------------------------
+
+    def _input_loop(self) -> None:
+        decoders = wire.Decoders()
+        poller = zmq.Poller()
+        for dealer in self._dealers:
+            poller.register(dealer, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(_INPUT_POLL_MS):
+                    # Drain: with the main loop stepping, each wake-up costs a GIL hand-off.
+                    for _ in range(_INPUT_BATCH):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._accept_frames(frames, decoders)
+        except zmq.ContextTerminated:
+            return
+        except BaseException as exc:
+            self._inputs.put(("the input thread", exc))
+
+    def _accept_frames(self, frames: list[Any], decoders: wire.Decoders) -> None:
+        try:
+            self._inputs.put(wire.decode_request(frames, decoders))
+        except wire.WireError as exc:
+            self.dropped_frames += 1
+            log.warning("engine %d: dropped a request: %s", self.engine_index, exc)
+
+    def _main_loop(self) -> _Fatal | None:
+        model = self.model
+        next_watch = 0.0
+        while not self._stop.is_set():
+            try:
+                item = (self._inputs.get_nowait() if model.has_work
+                        else self._inputs.get(timeout=_IDLE_WAIT_S))
+            except queue.Empty:
+                item = None
+            while item is not None:
+                fatal = self._apply(item)
+                if fatal is not None:
+                    return fatal
+                try:
+                    item = self._inputs.get_nowait()
+                except queue.Empty:
+                    item = None
+            if model.has_work:
+                try:
+                    produced = model.step()
+                except Exception as exc:
+                    return ("the model's step", exc)
+                self._queue_outputs(produced)
+            now = time.monotonic()
+            if now >= next_watch:
+                next_watch = now + _WATCH_EVERY_S
+                gone = [w.pid for w in self._client_watches if w.exited()]
+                if gone:
+                    log.warning("engine %d: client process(es) %s gone; shutting down",
+                                self.engine_index, gone)
+                    return None
+        return None
+
+    def _apply(self, item: tuple[RequestType, Any] | _Fatal) -> _Fatal | None:
+        kind = item[0]
+        value: Any = item[1]
+        if isinstance(kind, str):
+            return (kind, value)
+        if kind is RequestType.ADD:
+            if 0 <= value.client_index < len(self._pushes):
+                self.model.add(value)
+            else:
+                self.dropped_frames += 1
+                log.warning("engine %d: ADD %r names client %d of %d", self.engine_index,
+                            value.request_id, value.client_index, len(self._pushes))
+        elif kind is RequestType.ABORT:
+            self.model.abort(value)
+        elif kind is RequestType.UTILITY:
+            self._run_utility(*value)
+        return None
+
+    def _run_utility(self, client_index: int, call_id: int, method: str,
+                     args: list[Any]) -> None:
+        if not 0 <= client_index < len(self._pushes):
+            self.dropped_frames += 1
+            return
+        try:
+            result = UtilityOutput(call_id, None, self.model.utility(method, args))
+        except Exception as exc:
+            result = UtilityOutput(call_id, f"{type(exc).__name__}: {exc}", None)
+        self._outputs.put((client_index, EngineOutputs(self.engine_index, [], result)))
+
+    def _queue_outputs(self, produced: list[tuple[int, EngineOutput]]) -> None:
+        per_client: dict[int, list[EngineOutput]] = {}
+        for client_index, output in produced:
+            per_client.setdefault(client_index, []).append(output)
+        for client_index, outputs in per_client.items():
+            self._outputs.put((client_index, EngineOutputs(self.engine_index, outputs)))
+
+    def _output_loop(self) -> None:
+        sender = self._sender_type(self._pushes)
+        try:
+            while True:
+                try:
+                    item = self._outputs.get(timeout=0.005 if sender.backlogged else None)
+                except queue.Empty:
+                    item = ()  # type: ignore[assignment]
+                if item is None:
+                    sender.flush(SHUTDOWN_BOUND_S / 4)
+                    return
+                if item:
+                    sender.send(*item)
+                sender.retry()
+        except zmq.ContextTerminated:
+            return
+        except BaseException as exc:
+            self._inputs.put(("the output thread", exc))
+
+    def _send_dead(self, threads: list[threading.Thread]) -> None:
+        self._outputs.put(None)
+        for thread in threads:
+            if thread.name.endswith("output"):
+                thread.join(SHUTDOWN_BOUND_S / 4)
+        for push in self._pushes:
+            with contextlib.suppress(zmq.ZMQError):
+                push.send(ENGINE_CORE_DEAD, zmq.NOBLOCK)
+        # Give the I/O thread a moment to put the sentinel on the wire before teardown.
+        deadline = time.monotonic() + 0.2
+        for push in self._pushes:
+            push.setsockopt(zmq.LINGER, max(1, int((deadline - time.monotonic()) * 1000)))
+
+    def _teardown(self) -> None:
+        for watch in self._client_watches:
+            watch.close()
+        for sock in (*self._dealers, *self._handshakes):
+            sock.close(linger=0)
+        for push in self._pushes:
+            push.close()
+        self._ctx.term()
+
+
+class _OutputSender:
+    """The output thread's state: encoder, buffer pool, per-client backlogs."""
+
+    def __init__(self, pushes: list[zmq.Socket[bytes]]) -> None:
+        self._pushes = pushes
+        self._encoder = wire.Encoder()
+        self._free: list[bytearray] = []
+        #: Buffers in flight: the tracker of the frame that carries each.
+        self._in_flight: deque[tuple[zmq.MessageTracker, bytearray]] = deque()
+        self._backlog: dict[int, deque[list[Any]]] = {}
+
+    @property
+    def backlogged(self) -> bool:
+        return any(self._backlog.values())
+
+    def _buffer(self) -> bytearray:
+        """The most recently released buffer (warm in cache), else one whose frame is done."""
+        if not self._free:
+            while self._in_flight and self._in_flight[-1][0].done:
+                self._free.append(self._in_flight.pop()[1])
+        return self._free.pop() if self._free else bytearray()
+
+    def send(self, client_index: int, outputs: EngineOutputs) -> None:
+        buffer = self._buffer()
+        frames = self._encoder.encode(outputs, into=buffer)
+        backlog = self._backlog.get(client_index)
+        if backlog:
+            backlog.append(frames)
+            return
+        if not self._try_send(client_index, frames):
+            self._backlog.setdefault(client_index, deque()).append(frames)
+
+    def _try_send(self, client_index: int, frames: list[Any]) -> bool:
+        sock = self._pushes[client_index]
+        try:
+            tracker = self._send_frames(sock, frames)
+        except zmq.Again:
+            return False
+        self._track(tracker, frames[0])
+        return True
+
+    def _send_frames(self, sock: zmq.Socket[bytes], frames: list[Any]) -> zmq.MessageTracker:
+        """Send one message; return the tracker of frame 0 (the payload frame)."""
+        last = len(frames) - 1
+        tracker = sock.send(frames[0], (zmq.SNDMORE if last else 0) | zmq.NOBLOCK,
+                            copy=False, track=True)
+        for position in range(1, last + 1):
+            sock.send(frames[position], (zmq.SNDMORE if position < last else 0), copy=False)
+        assert isinstance(tracker, zmq.MessageTracker)
+        return tracker
+
+    def _track(self, tracker: zmq.MessageTracker, buffer: bytearray) -> None:
+        if tracker.done:
+            self._free.append(buffer)
+        else:
+            self._in_flight.appendleft((tracker, buffer))
+
+    def retry(self) -> None:
+        for client_index, backlog in self._backlog.items():
+            while backlog and self._try_send(client_index, backlog[0]):
+                backlog.popleft()
+
+    def flush(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.backlogged and time.monotonic() < deadline:
+            self.retry()
+            time.sleep(0.005)
+
+
+EngineCore._sender_type = _OutputSender

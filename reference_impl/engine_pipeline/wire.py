@@ -1,0 +1,470 @@
+"""The ``vllm-v1`` wire profile of the engine pipeline: frames, MessagePack, arrays.
+
+This module is the profile, written down once for both sides (the reference
+client and engine, and the conformance suite's raw peers).
+
+Sockets
+    Each client (an API server) binds a ROUTER (requests in), a PULL
+    (outputs in) and a ROUTER for the startup handshake. Each engine connects
+    a DEALER whose routing identity is its engine index as 2 bytes little
+    endian, and a PUSH, to every client.
+
+Requests (client ROUTER -> engine DEALER)
+    ``[type byte, blob, aux frames...]`` with the type bytes of
+    :class:`RequestType` (ADD 0x00, ABORT 0x01, START_DP_WAVE 0x02,
+    UTILITY 0x03). The blob is MessagePack: ADD an array-like
+    :class:`AddRequest`, ABORT a list of request ids, UTILITY
+    ``(client_index, call_id, method, args)``, START_DP_WAVE ``(wave,
+    exclude_engine_index)``. The ROUTER prefixes the engine's identity frame.
+
+Outputs (engine PUSH -> client PULL)
+    ``[blob, aux frames...]``, the blob an array-like :class:`EngineOutputs`.
+    A fatal engine error is the single frame :data:`ENGINE_CORE_DEAD`.
+
+Arrays and large bytes
+    A numpy array is the extension :data:`EXT_NDARRAY` holding MessagePack
+    ``[dtype.str, shape, data]``; ``data`` is the raw bytes inline when the
+    array has fewer than :data:`INLINE_THRESHOLD` bytes, else the index of
+    the aux frame that carries them (frame 0 is the blob, so indices start at
+    1). Bytes of :data:`INLINE_THRESHOLD` or more are the extension
+    :data:`EXT_AUX_BYTES` holding the aux index. Non-contiguous arrays are
+    sent as their C-contiguous copy; object and structured dtypes have no
+    wire form (they would need pickle) and are refused when encoding.
+
+Strict decoding
+    Nothing here ever unpickles. The extensions vLLM reserves for pickle
+    (:data:`EXT_PICKLE`) and cloudpickle (:data:`EXT_CLOUDPICKLE`) and every
+    unknown extension raise :class:`ForbiddenExtension`; an aux index out of
+    range raises :class:`AuxIndexError`, an aux frame nothing refers to
+    :class:`UnusedAuxFrame`, a shape that does not match its buffer
+    :class:`ShapeMismatch`, undecodable MessagePack :class:`MalformedPayload`,
+    an unknown type byte :class:`UnknownRequestType`. All are
+    :class:`WireError`, so a receive loop guards one exception type.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+__all__ = [
+    "ENGINE_CORE_DEAD",
+    "EXT_AUX_BYTES",
+    "EXT_CLOUDPICKLE",
+    "EXT_NDARRAY",
+    "EXT_PICKLE",
+    "INLINE_THRESHOLD",
+    "PROFILE",
+    "AddRequest",
+    "AuxBytes",
+    "AuxIndexError",
+    "Decoders",
+    "Encoder",
+    "EngineOutput",
+    "EngineOutputs",
+    "FinishReason",
+    "ForbiddenExtension",
+    "MalformedPayload",
+    "RequestType",
+    "ShapeMismatch",
+    "UnencodableValue",
+    "UnknownRequestType",
+    "UnusedAuxFrame",
+    "UtilityOutput",
+    "WireError",
+    "decode_abort",
+    "decode_add",
+    "decode_handshake",
+    "decode_outputs",
+    "decode_request",
+    "decode_utility",
+    "encode_handshake",
+    "engine_identity",
+    "identity_index",
+    "prepare",
+]
+
+PROFILE: Final = "vllm-v1"
+#: Arrays and bytes with this many bytes or more travel in aux frames.
+INLINE_THRESHOLD: Final = 256
+#: The one-frame message a dying engine sends on every output socket.
+ENGINE_CORE_DEAD: Final = b"ENGINE_CORE_DEAD"
+
+EXT_PICKLE: Final = 1
+EXT_CLOUDPICKLE: Final = 2
+EXT_RAW_VIEW: Final = 3
+EXT_NDARRAY: Final = 16
+EXT_AUX_BYTES: Final = 17
+
+# dtype strings with a wire form: byte order, kind, item size, optional unit.
+_DTYPE = re.compile(r"^[<>|=]?[biufcmMSU]\d{1,4}(\[[A-Za-z0-9]{1,4}\])?$")
+_MAX_DIMS: Final = 32
+
+
+class RequestType(bytes, enum.Enum):
+    """The first frame of every request."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    START_DP_WAVE = b"\x02"
+    UTILITY = b"\x03"
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished (vLLM's values; ERROR: rejected or failed by the engine)."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+
+# -- errors --------------------------------------------------------------------
+
+
+class WireError(ValueError):
+    """Frames that are not a valid message of the profile."""
+
+
+class UnknownRequestType(WireError):
+    """The first frame is not one of :class:`RequestType`."""
+
+
+class MalformedPayload(WireError):
+    """The blob is not MessagePack of the expected shape (or frames are missing)."""
+
+
+class ForbiddenExtension(WireError):
+    """A MessagePack extension that is refused: pickle, cloudpickle, or unknown."""
+
+
+class AuxIndexError(WireError):
+    """An aux frame index that is out of range."""
+
+
+class UnusedAuxFrame(WireError):
+    """An aux frame no value refers to."""
+
+
+class ShapeMismatch(WireError):
+    """An array whose dtype and shape do not match its buffer, or a refused dtype."""
+
+
+class UnencodableValue(TypeError):
+    """A value the profile cannot carry (object arrays, arbitrary objects)."""
+
+
+# -- messages ------------------------------------------------------------------
+
+
+class AddRequest(msgspec.Struct, array_like=True, frozen=True):
+    """ADD: a request, the suite's subset of vLLM's ``EngineCoreRequest``."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    client_index: int
+    payload: Any = None
+
+
+class EngineOutput(msgspec.Struct, array_like=True, frozen=True):
+    """One request's progress in one step (``payload`` only on its first output)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: int | None = None
+    payload: Any = None
+    detail: Any = None
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, frozen=True):
+    """The result of a utility call (``failure_message`` set when it raised)."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: Any = None
+
+
+class EngineOutputs(msgspec.Struct, array_like=True, frozen=True):
+    """One output message: an engine's outputs for one client, and/or one utility result."""
+
+    engine_index: int
+    outputs: list[EngineOutput] = []
+    utility_output: UtilityOutput | None = None
+
+
+def engine_identity(engine_index: int) -> bytes:
+    """The DEALER routing identity of engine ``engine_index`` (2 bytes little endian)."""
+    return engine_index.to_bytes(2, "little")
+
+
+def identity_index(identity: bytes) -> int | None:
+    """The engine index an identity names, ``None`` if it is not 2 bytes."""
+    return int.from_bytes(identity, "little") if len(identity) == 2 else None
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+class Encoder:
+    """MessagePack with aux frames; one instance per thread (it keeps a buffer list).
+
+    :meth:`encode` returns ``[blob, aux...]``. The blob is a fresh
+    ``bytearray`` unless ``into`` is given, in which case it is written into
+    that buffer (reused: the caller must only pass a buffer no frame in
+    flight still uses).
+    """
+
+    def __init__(self) -> None:
+        self._aux: list[Any] = []
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+
+    def encode(self, value: Any, *, into: bytearray | None = None) -> list[Any]:
+        self._aux = [None]
+        try:
+            blob = bytearray() if into is None else into
+            self._encoder.encode_into(value, blob)
+            frames: list[Any] = self._aux
+            frames[0] = blob
+            return frames
+        finally:
+            self._aux = []
+
+    def _aux_index(self, data: Any) -> int:
+        self._aux.append(data)
+        return len(self._aux) - 1
+
+    def _enc_hook(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return self._encode_array(obj)
+        if isinstance(obj, np.generic):
+            return self._encode_array(np.asarray(obj))
+        if isinstance(obj, AuxBytes):
+            return msgspec.msgpack.Ext(EXT_AUX_BYTES, _pack_int(self._aux_index(obj.data)))
+        raise UnencodableValue(f"{type(obj).__name__} has no {PROFILE} wire form")
+
+    def _encode_array(self, array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
+        dtype = array.dtype
+        if dtype.kind in "OV" or dtype.fields is not None or not _DTYPE.match(dtype.str):
+            raise UnencodableValue(f"arrays of dtype {dtype} have no {PROFILE} wire form "
+                                   "(object and structured dtypes would need pickle)")
+        contiguous = array if array.flags.c_contiguous else array.copy(order="C")
+        flat: Any = contiguous.reshape(-1).view(np.uint8)
+        raw: Any = memoryview(flat) if contiguous.nbytes else b""
+        data: Any
+        data = bytes(raw) if contiguous.nbytes < INLINE_THRESHOLD else self._aux_index(raw)
+        body = msgspec.msgpack.encode([dtype.str, list(contiguous.shape), data])
+        return msgspec.msgpack.Ext(EXT_NDARRAY, body)
+
+
+class AuxBytes:
+    """Bytes the encoder sends in an aux frame (see :func:`prepare`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = data
+
+
+def _pack_int(value: int) -> bytes:
+    return msgspec.msgpack.encode(value)
+
+
+def prepare(value: Any) -> Any:
+    """``value`` with every bytes-like of :data:`INLINE_THRESHOLD` or more as :class:`AuxBytes`.
+
+    msgspec writes bytes-likes inline without asking the encoder's hook, so
+    large ones are wrapped first; the hook moves them to aux frames. Lists,
+    tuples and dicts are rebuilt (tuples as lists, as MessagePack has one
+    array type); anything else is returned as it is.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        return AuxBytes(value) if memoryview(value).nbytes >= INLINE_THRESHOLD else value
+    if isinstance(value, dict):
+        return {k: prepare(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [prepare(v) for v in value]
+    return value
+
+
+# -- decoding ------------------------------------------------------------------
+
+
+class _AuxFrames:
+    """The aux frames of one message and which of them were referenced."""
+
+    def __init__(self, frames: Sequence[Any]) -> None:
+        self.frames = frames
+        self.used: set[int] = set()
+
+    def take(self, index: Any) -> memoryview:
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise MalformedPayload(f"aux reference {index!r:.40} is not an integer")
+        if not 1 <= index < len(self.frames):
+            raise AuxIndexError(f"aux frame index {index} out of range: the message has "
+                                f"{len(self.frames) - 1} aux frame(s)")
+        self.used.add(index)
+        return _buffer(self.frames[index])
+
+    def check_all_used(self) -> None:
+        unused = sorted(set(range(1, len(self.frames))) - self.used)
+        if unused:
+            raise UnusedAuxFrame(f"aux frame(s) {unused} referenced by nothing")
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)
+    return memoryview(buf if buf is not None else frame).cast("B")
+
+
+def _decode_array(body: memoryview, aux: _AuxFrames) -> np.ndarray[Any, Any]:
+    try:
+        parts = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError as exc:
+        raise MalformedPayload(f"array header is not MessagePack: {exc}") from None
+    if not (isinstance(parts, list) and len(parts) == 3):
+        raise MalformedPayload("an array is [dtype, shape, data]")
+    dtype_str, shape, data = parts
+    if not isinstance(dtype_str, str) or not _DTYPE.match(dtype_str):
+        raise ShapeMismatch(f"dtype {dtype_str!r:.40} has no {PROFILE} wire form")
+    if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise ShapeMismatch(f"shape {shape!r:.60} is not a list of non-negative integers")
+    try:
+        dtype = np.dtype(dtype_str)
+    except TypeError as exc:
+        raise ShapeMismatch(f"dtype {dtype_str!r}: {exc}") from None
+    buf = aux.take(data) if isinstance(data, int) else data
+    if not isinstance(buf, bytes | memoryview):
+        raise MalformedPayload(f"array data is a {type(data).__name__}, not bytes or an index")
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != len(buf):
+        raise ShapeMismatch(f"shape {shape} of {dtype_str} needs {count * dtype.itemsize} "
+                            f"bytes, the buffer has {len(buf)}")
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+def _decoder(type_: Any, aux_holder: list[_AuxFrames]) -> msgspec.msgpack.Decoder[Any]:
+    def ext_hook(code: int, data: memoryview) -> Any:
+        aux = aux_holder[0]
+        if code == EXT_NDARRAY:
+            return _decode_array(data, aux)
+        if code == EXT_AUX_BYTES:
+            index = msgspec.msgpack.decode(data)
+            return bytes(aux.take(index))
+        if code == EXT_RAW_VIEW:
+            return bytes(data)
+        if code in (EXT_PICKLE, EXT_CLOUDPICKLE):
+            raise ForbiddenExtension(f"MessagePack extension {code} (pickle) refused: "
+                                     "unpickling untrusted frames runs code (CVE-2025-30165)")
+        raise ForbiddenExtension(f"unknown MessagePack extension {code}")
+
+    return msgspec.msgpack.Decoder(type_, ext_hook=ext_hook)
+
+
+class _Decoding:
+    """A decoder of one message type with aux-frame bookkeeping (one per thread)."""
+
+    def __init__(self, type_: Any) -> None:
+        self._holder: list[_AuxFrames] = [_AuxFrames(())]
+        self._decoder = _decoder(type_, self._holder)
+
+    def decode(self, frames: Sequence[Any], what: str) -> Any:
+        if not frames:
+            raise MalformedPayload(f"{what}: no blob frame")
+        aux = _AuxFrames(frames)
+        self._holder[0] = aux
+        try:
+            value = self._decoder.decode(_buffer(frames[0]))
+        except WireError:
+            raise
+        except msgspec.ValidationError as exc:
+            raise MalformedPayload(f"{what}: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise MalformedPayload(f"{what}: not MessagePack ({exc})") from None
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            raise MalformedPayload(f"{what}: {type(exc).__name__}: {exc}") from None
+        aux.check_all_used()
+        return value
+
+
+class Decoders:
+    """Every decoder of the profile; each thread that decodes owns one instance."""
+
+    def __init__(self) -> None:
+        self.add = _Decoding(AddRequest)
+        self.abort = _Decoding(list[str])
+        self.utility = _Decoding(tuple[int, int, str, list[Any]])
+        self.wave = _Decoding(tuple[int, int | None])
+        self.outputs = _Decoding(EngineOutputs)
+        self.any = _Decoding(Any)
+
+
+def decode_request(frames: Sequence[Any], decoders: Decoders) -> tuple[RequestType, Any]:
+    """``[type byte, blob, aux...]`` (identity frame already removed) to a typed request."""
+    if len(frames) < 2:
+        raise MalformedPayload(f"a request has a type frame and a blob, got {len(frames)} "
+                               "frame(s)")
+    head = bytes(_buffer(frames[0]))
+    try:
+        kind = RequestType(head)
+    except ValueError:
+        raise UnknownRequestType(f"unknown request type byte {head!r:.20}") from None
+    body = frames[1:]
+    if kind is RequestType.ADD:
+        return kind, decoders.add.decode(body, "ADD")
+    if kind is RequestType.ABORT:
+        return kind, decoders.abort.decode(body, "ABORT")
+    if kind is RequestType.UTILITY:
+        return kind, decoders.utility.decode(body, "UTILITY")
+    return kind, decoders.wave.decode(body, "START_DP_WAVE")
+
+
+def decode_add(frames: Sequence[Any], decoders: Decoders) -> AddRequest:
+    value: AddRequest = decoders.add.decode(frames, "ADD")
+    return value
+
+
+def decode_abort(frames: Sequence[Any], decoders: Decoders) -> list[str]:
+    value: list[str] = decoders.abort.decode(frames, "ABORT")
+    return value
+
+
+def decode_utility(frames: Sequence[Any], decoders: Decoders) -> tuple[int, int, str, list[Any]]:
+    value: tuple[int, int, str, list[Any]] = decoders.utility.decode(frames, "UTILITY")
+    return value
+
+
+def decode_outputs(frames: Sequence[Any], decoders: Decoders) -> EngineOutputs:
+    """``[blob, aux...]`` to :class:`EngineOutputs` (check for ENGINE_CORE_DEAD first)."""
+    value: EngineOutputs = decoders.outputs.decode(frames, "outputs")
+    return value
+
+
+# -- handshake -----------------------------------------------------------------
+
+_HANDSHAKE_ENCODER = msgspec.msgpack.Encoder()
+_HANDSHAKE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def encode_handshake(message: dict[str, Any]) -> bytes:
+    """A handshake message: a MessagePack map with a str ``status``."""
+    return _HANDSHAKE_ENCODER.encode(message)
+
+
+def decode_handshake(frame: Any) -> dict[str, Any]:
+    """The map of one handshake frame; :class:`MalformedPayload` otherwise."""
+    try:
+        message = _HANDSHAKE_DECODER.decode(_buffer(frame))
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedPayload(f"handshake: {exc}") from None
+    if not isinstance(message.get("status"), str):
+        raise MalformedPayload("handshake: no str 'status'")
+    return message
