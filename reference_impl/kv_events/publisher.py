@@ -11,6 +11,9 @@ Shape (vLLM's ``ZmqEventPublisher``, with its known defects fixed):
   ``[topic, seq, payload]`` on the PUB socket and keeps the last
   ``buffer_steps`` payloads for replay. A batch that cannot be encoded is
   counted and skipped *without* consuming a sequence number.
+- Replay answers follow ``replay_layout`` (:mod:`reference_impl.kv_events.wire`):
+  ``[b"", seq, payload]`` (``seq-payload``, the default) or ``[b"", topic,
+  seq, payload]`` (``topic-seq-payload``, vLLM 0.26 and later).
 - The replay ROUTER runs with ``ZMQ_ROUTER_MANDATORY``: a reader whose pipe
   is full makes the send fail with ``EAGAIN`` instead of dropping silently,
   so its replay pauses and resumes where it stopped. A reader that makes no
@@ -55,6 +58,7 @@ from reference_impl.kv_events.schema import (
     KVEventBatch,
     encode_batch,
 )
+from reference_impl.kv_events.wire import REPLAY_LAYOUTS, ReplayLayout
 
 __all__ = ["KVEventPublisher", "PublisherClosedError", "rank_endpoints"]
 
@@ -163,7 +167,8 @@ class KVEventPublisher:
         endpoint: where the PUB socket binds (``tcp://127.0.0.1:5557``).
         replay_endpoint: where the replay ROUTER binds.
         topic: the first frame of every PUB message (``""``: empty frame).
-        encoding: ``"map"`` (vLLM's publisher) or ``"array"`` payloads.
+        encoding: ``"map"``, ``"array"`` or ``"array-map"`` payloads.
+        replay_layout: ``"seq-payload"`` or ``"topic-seq-payload"`` replay answers.
         buffer_steps: batches kept for replay.
         max_queue: batches ``publish()`` may queue before it sheds.
         data_parallel_rank: this publisher's rank. ``None`` (default): bind
@@ -191,6 +196,7 @@ class KVEventPublisher:
     #: What this publisher declares to the conformance suite.
     zmq_conformance_capabilities: Final = {
         "encoding": "map",
+        "wire": "seq-payload",
         "buffer_steps": DEFAULT_BUFFER_STEPS,
         "data_parallel": True,
         "heartbeat_configurable": True,
@@ -204,6 +210,7 @@ class KVEventPublisher:
         *,
         topic: str = "",
         encoding: Encoding = "map",
+        replay_layout: ReplayLayout = "seq-payload",
         buffer_steps: int = DEFAULT_BUFFER_STEPS,
         max_queue: int = DEFAULT_MAX_QUEUE,
         data_parallel_rank: int | None = None,
@@ -218,8 +225,12 @@ class KVEventPublisher:
     ) -> None:
         self._curve: CurveServer | None = server_config(
             curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler)
-        if encoding not in ("map", "array"):
-            raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
+        if encoding not in ("map", "array", "array-map"):
+            raise ValueError(
+                f"encoding must be 'map', 'array' or 'array-map', not {encoding!r}")
+        if replay_layout not in REPLAY_LAYOUTS:
+            raise ValueError(f"replay_layout must be one of {', '.join(REPLAY_LAYOUTS)}, "
+                             f"not {replay_layout!r}")
         for name, value in (
             ("buffer_steps", buffer_steps),
             ("max_queue", max_queue),
@@ -240,6 +251,12 @@ class KVEventPublisher:
         self.replay_endpoint = replay_endpoint
         self.topic = topic
         self.encoding: Encoding = encoding
+        self.replay_layout: ReplayLayout = replay_layout
+        #: Frames between the delimiter and the seq of a replay answer (the topic, or
+        #: none), and of the end marker (an empty topic, or none).
+        self._replay_prefix: tuple[bytes, ...] = (
+            (topic.encode(),) if replay_layout == "topic-seq-payload" else ())
+        self._end_prefix: tuple[bytes, ...] = (b"",) * len(self._replay_prefix)
         self.buffer_steps = buffer_steps
         self.max_queue = max_queue
         self.data_parallel_rank = data_parallel_rank
@@ -488,6 +505,7 @@ class KVEventPublisher:
         timeout: int | None = None
         now = time.monotonic()
         send = self._router.send
+        prefix, end = self._replay_prefix, self._end_prefix
         for identity in list(jobs):
             job = jobs[identity]
             sent = 0
@@ -499,12 +517,15 @@ class KVEventPublisher:
                     # EHOSTUNREACH); once it is accepted the message goes out whole.
                     send(identity, _MORE_NOBLOCK)
                     send(b"", _MORE_NOBLOCK)
+                    for frame in prefix:
+                        send(frame, _MORE_NOBLOCK)
                     send(seq_frame, _MORE_NOBLOCK)
                     send(payload, zmq.NOBLOCK, len(payload) < 65536)
                     pending.popleft()
                     sent += 1
                 if not job.pending and sent < _REPLAY_SLICE:
-                    self._router.send_multipart((identity, b"", END_MARKER_SEQ, b""), zmq.NOBLOCK)
+                    self._router.send_multipart((identity, b"", *end, END_MARKER_SEQ, b""),
+                                                zmq.NOBLOCK)
                     del jobs[identity]
                     self._counters.replays_served += 1
                     continue

@@ -22,9 +22,17 @@ thread is started. What it guarantees (the ``kv-events-subscriber`` contract):
   marks a new publisher incarnation: counted in ``stats()["restarts"]``,
   and the new incarnation is delivered from its seq 0 (replaying what the
   subscriber missed of it) instead of being dropped as duplicates.
+- **Both replay layouts.** A replay answer is read by its frame count after
+  the delimiter: ``[b"", seq, payload]`` (``seq-payload``) or ``[b"", topic,
+  seq, payload]`` (``topic-seq-payload``, vLLM 0.26 and later), so the
+  subscriber works with publishers of either release.
+- **Newer producers.** Unknown map keys and extra trailing array elements
+  are ignored; an event of an unknown type is left out of its batch and
+  counted in ``stats()["unknown_events"]``, and the batch's other events are
+  delivered (:mod:`reference_impl.kv_events.wire`).
 - **Garbage.** Messages with the wrong frame count, a seq frame that is not
-  8 bytes, or a payload that does not decode (including unknown event tags)
-  are counted in ``stats()["garbled"]`` and skipped. A garbled payload with
+  8 bytes, or a payload that does not decode are counted in
+  ``stats()["garbled"]`` and skipped. A garbled payload with
   a valid seq consumes that seq, so it is not replayed in a loop.
 - **Topic.** Only messages whose topic frame equals ``topic`` are delivered
   (an empty topic delivers all).
@@ -61,6 +69,7 @@ from reference_impl.kv_events.schema import (
     decode_batch,
     replay_request,
 )
+from reference_impl.kv_events.wire import WireError, parse_replay_answer
 
 __all__ = ["KVEventSubscriber"]
 
@@ -104,7 +113,7 @@ class KVEventSubscriber:
         endpoint: the publisher's PUB endpoint, connected to.
         replay_endpoint: the publisher's replay ROUTER, connected to.
         topic: the topic to deliver (``""``: every topic).
-        encoding: the payload encoding, ``"map"`` or ``"array"``.
+        encoding: the payload encoding, ``"map"``, ``"array"`` or ``"array-map"``.
         replay_timeout_ms: silence after which a replay attempt is abandoned.
         replay_attempts: attempts before a gap is declared lost.
         resync_idle_ms: quiet time after which the subscriber checks for
@@ -120,7 +129,8 @@ class KVEventSubscriber:
             a publisher without the matching secret delivers nothing.
     """
 
-    zmq_conformance_capabilities: Final = {"encoding": "map", "authentication": True}
+    zmq_conformance_capabilities: Final = {"encoding": "map", "wire": "both",
+                                           "authentication": True}
 
     def __init__(
         self,
@@ -140,8 +150,9 @@ class KVEventSubscriber:
         curve_server_key: str | bytes | None = None,
     ) -> None:
         self._curve: CurveClient | None = client_config(curve_client_secret_key, curve_server_key)
-        if encoding not in ("map", "array"):
-            raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
+        if encoding not in ("map", "array", "array-map"):
+            raise ValueError(
+                f"encoding must be 'map', 'array' or 'array-map', not {encoding!r}")
         for name, value in (
             ("replay_timeout_ms", replay_timeout_ms),
             ("replay_attempts", replay_attempts),
@@ -178,7 +189,8 @@ class KVEventSubscriber:
         self._closed = False
         self._counts = dict.fromkeys(
             ("delivered", "duplicates", "garbled", "other_topic", "gaps", "replays",
-             "replay_timeouts", "lost", "restarts", "stray_answers", "resubscribes"),
+             "replay_timeouts", "lost", "restarts", "stray_answers", "unknown_events",
+             "resubscribes"),
             0,
         )
 
@@ -291,7 +303,9 @@ class KVEventSubscriber:
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered``, ``duplicates``, ``garbled``, ``other_topic``,
         ``gaps``, ``replays``, ``replay_timeouts``, ``lost``, ``restarts``,
-        ``stray_answers``, ``resubscribes`` (SUB sockets rebuilt after a failed handshake)."""
+        ``stray_answers``, ``unknown_events`` (events of a type it does not know,
+        left out of their batches), ``resubscribes`` (SUB sockets rebuilt after a failed
+        handshake)."""
         return dict(self._counts)
 
     @property
@@ -426,9 +440,16 @@ class KVEventSubscriber:
         if replay is None:
             self._counts["stray_answers"] += 1
             return
-        if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != SEQ_BYTES:
+        try:
+            answer = parse_replay_answer(frames)
+        except WireError:
             self._counts["garbled"] += 1
             return
+        if (answer.topic is not None and not answer.is_end
+                and not self._accepts_topic(answer.topic)):
+            self._counts["other_topic"] += 1
+            return
+        frames = [b"", answer.seq_frame, answer.payload]
         replay.last_activity = time.monotonic()
         seq = self._answer_seq(frames[1])
         if replay.check is not None and seq != -1 and seq < replay.start:
@@ -533,8 +554,11 @@ class KVEventSubscriber:
         return seq
 
     def _decode(self, payload: bytes) -> KVEventBatch | None:
+        unknown: list[str] = []
         try:
-            return decode_batch(payload, self.encoding)
+            batch = decode_batch(payload, self.encoding, unknown=unknown)
         except SchemaError:
             self._counts["garbled"] += 1
             return None
+        self._counts["unknown_events"] += len(unknown)
+        return batch

@@ -214,6 +214,55 @@ class RankEndpointsCollide(KVEventPublisher):
         self.data_parallel_rank = data_parallel_rank
 
 
+class OmitsNullMedium(KVEventPublisher):
+    """Leaves ``medium`` out of an event when it is ``None`` (a struct whose required
+    field got a ``None`` default, with ``omit_defaults``): a consumer of the declared
+    schema, where ``medium`` is required, cannot decode those events."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._encode = _encode_without_null_medium  # MUTATION
+
+
+def _encode_without_null_medium(batch: KVEventBatch) -> bytes:
+    data = msgspec.to_builtins(batch, builtin_types=(bytes,))
+    for event in data["events"]:
+        if "medium" in event and event["medium"] is None:
+            del event["medium"]  # MUTATION: a required field left out
+    return msgspec.msgpack.encode(data)
+
+
+_TOPIC_LAYOUT: Final = {**KVEventPublisher.zmq_conformance_capabilities,
+                        "wire": "topic-seq-payload"}
+
+
+class ReplayTopicFrameEmpty(KVEventPublisher):
+    """Declares the ``topic-seq-payload`` layout but answers replays with an empty
+    topic frame (the replay buffer never stored the topic): a consumer that routes
+    replayed batches by topic cannot."""
+
+    zmq_conformance_capabilities = _TOPIC_LAYOUT  # type: ignore[misc]
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *,
+                 replay_layout: Any = "topic-seq-payload", **kwargs: Any) -> None:
+        super().__init__(endpoint, replay_endpoint, replay_layout=replay_layout, **kwargs)
+        if self._replay_prefix:
+            self._replay_prefix = (b"",)  # MUTATION: the topic frame is empty
+
+
+class EndMarkerOldLayout(KVEventPublisher):
+    """Declares the ``topic-seq-payload`` layout but ends replays with the old
+    layout's end marker ``[b"", -1, b""]``: a consumer reading three frames after
+    the delimiter never sees the end of its replay."""
+
+    zmq_conformance_capabilities = _TOPIC_LAYOUT  # type: ignore[misc]
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *,
+                 replay_layout: Any = "topic-seq-payload", **kwargs: Any) -> None:
+        super().__init__(endpoint, replay_endpoint, replay_layout=replay_layout, **kwargs)
+        self._end_prefix = ()  # MUTATION: no empty topic frame in the end marker
+
+
 def _plus(endpoint: str, offset: int) -> str:
     base, _, port = endpoint.rpartition(":")
     return f"{base}:{int(port) + offset}"
@@ -276,4 +325,10 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("evt_no_receive_limit", "NoReceiveLimit",
        "no receive limit on the PUB and replay sockets: a stranger's announced 1 GiB frame "
        "is buffered byte by byte", "EVT-11"),
+    _m("evt_omits_null_medium", "OmitsNullMedium",
+       "events leave out the required field medium when it is None", "EVT-9"),
+    _m("evt_replay_topic_frame_empty", "ReplayTopicFrameEmpty",
+       "topic-seq-payload replay answers carry an empty topic frame", "EVT-9"),
+    _m("evt_end_marker_old_layout", "EndMarkerOldLayout",
+       "topic-seq-payload replays end with the seq-payload end marker", "EVT-9"),
 )

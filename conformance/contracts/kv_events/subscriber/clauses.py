@@ -1,6 +1,7 @@
-"""The clauses of the ``kv-events-subscriber`` contract (EVS-1 .. EVS-7).
+"""The clauses of the ``kv-events-subscriber`` contract (EVS-1 .. EVS-9).
 
-Texts follow DESIGN.md, "KV-event stream". IDs never change meaning.
+Texts follow DESIGN.md, "KV-event stream" and "Wire profiles". IDs never
+change meaning.
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ CLAUSES: Final[dict[str, Clause]] = {
             "own heartbeat) and replays what it missed: nothing lost that the publisher "
             "still retains.",
             chaos=True,
+        ),
+        Clause(
+            "EVS-8",
+            "both replay layouts are read",
+            "Replay answers in both layouts, [b'', seq, payload] (seq-payload) and [b'', "
+            "topic, seq, payload] (topic-seq-payload), told apart by the frame count after "
+            "the delimiter, or in the one layout the subscriber declares, are read "
+            "correctly; a layout it does not read is named.",
+        ),
+        Clause(
+            "EVS-9",
+            "batches of newer producers are read",
+            "Batches from a newer producer are accepted: unknown map keys and extra trailing "
+            "array elements are ignored, and an event of an unknown type is skipped and "
+            "counted while its batch's other events are delivered; the stream goes on.",
         ),
         Clause(
             "EVS-10",

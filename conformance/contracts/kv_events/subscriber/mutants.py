@@ -16,8 +16,9 @@ from typing import Any, Final
 
 import zmq
 
-from reference_impl.kv_events.schema import KVEventBatch, decode_batch
+from reference_impl.kv_events.schema import KVEventBatch, SchemaError, decode_batch
 from reference_impl.kv_events.subscriber import KVEventSubscriber
+from reference_impl.kv_events.wire import WireProfile, validate_payload
 
 __all__ = ["MUTANTS", "SubscriberMutant"]
 
@@ -155,6 +156,44 @@ class BoundedQueue(KVEventSubscriber):
         super().__init__(endpoint, replay_endpoint, topic=topic, **options)
 
 
+class ReadsSeqPayloadOnly(KVEventSubscriber):
+    """Reads replay answers as exactly ``[b"", seq, payload]``: a publisher of vLLM
+    0.26 or later answers ``[b"", topic, seq, payload]``, and every answer is garbage."""
+
+    def _on_answer(self, frames: list[bytes], out: _Out) -> None:
+        if len(frames) != 3:  # MUTATION: the topic-seq-payload layout is not read
+            self._counts["garbled"] += 1
+            return
+        super()._on_answer(frames, out)
+
+
+class ForbidsUnknownFields(KVEventSubscriber):
+    """Decodes strictly (``forbid_unknown_fields``): a field a newer producer added
+    makes the whole batch undecodable."""
+
+    def _decode(self, payload: bytes) -> KVEventBatch | None:
+        if validate_payload(payload, WireProfile(encoding=self.encoding)) is not None:
+            self._counts["garbled"] += 1  # MUTATION: anything unknown drops the batch
+            return None
+        return super()._decode(payload)
+
+
+class UnknownEventDropsBatch(KVEventSubscriber):
+    """Drops a whole batch for one event of an unknown type (a tagged union without
+    a fallback): the batch's known events are lost too."""
+
+    def _decode(self, payload: bytes) -> KVEventBatch | None:
+        unknown: list[str] = []
+        try:
+            batch = decode_batch(payload, self.encoding, unknown=unknown)
+        except SchemaError:
+            batch = None
+        if batch is None or unknown:  # MUTATION: the known events go with the unknown one
+            self._counts["garbled"] += 1
+            return None
+        return batch
+
+
 @dataclass(frozen=True)
 class SubscriberMutant:
     """A catalog entry: the factory, its defect, and the clause that must catch it."""
@@ -195,6 +234,12 @@ MUTANTS: Final[tuple[SubscriberMutant, ...]] = (
     SubscriberMutant("evs_no_resync", f"{_M}:NoResync",
                      "no heartbeat and no idle check: losses before a quiet period stay lost",
                      ("EVS-7",), chaos=True),
+    SubscriberMutant("evs_reads_seq_payload_only", f"{_M}:ReadsSeqPayloadOnly",
+                     "reads replay answers only in the seq-payload layout", ("EVS-8",)),
+    SubscriberMutant("evs_forbids_unknown_fields", f"{_M}:ForbidsUnknownFields",
+                     "a field a newer producer added makes its batch undecodable", ("EVS-9",)),
+    SubscriberMutant("evs_unknown_event_drops_batch", f"{_M}:UnknownEventDropsBatch",
+                     "an event of an unknown type drops its whole batch", ("EVS-9",)),
 )
 
 
