@@ -66,7 +66,7 @@ def test_strangers_get_no_batch_and_no_replay(kv_publisher_spec: PublisherSpec) 
         rig.check_stream(sub, clause=CLAUSE, contiguous=True)
         for replay in stranger_replays:
             with contextlib.suppress(zmq.Again):  # never connected: nothing to queue on
-                replay.request(0)
+                replay.sock.send_multipart([b"", bytes(8)], zmq.NOBLOCK)  # start 0
         for n, stranger in enumerate(stranger_subs):
             stranger.drain(_STRANGER_WINDOW_MS)
             kind = "plain" if n == 0 else "CURVE with an unknown key"
