@@ -35,6 +35,10 @@ _TEST_OF = {
     "EVS-5": "test_garbled_frames_are_skipped",
     "EVS-6": "test_only_the_configured_topic",
     "EVS-7": "test_silent_partition_heals_gap_free",
+    "EVS-10": "test_an_impostor_publisher_is_refused",
+    "EVS-11": "test_garbage_from_an_impostor_on_both_endpoints",
+    "EVS-8": "test_replays_are_read_in_every_declared_layout",
+    "EVS-9": "test_batches_of_a_newer_producer_are_read",
 }
 
 #: Mutants killed by another test of their clause than the one above.

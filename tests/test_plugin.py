@@ -67,7 +67,7 @@ def test_reports_are_per_clause_and_correct_under_xdist(project: Path) -> None:
     assert set(got) == {  # one entry per clause of the registry
         *(f"CONN-{i}" for i in range(1, 8)), *(f"POLL-{i}" for i in range(1, 6)),
         *(f"MSG-{i}" for i in range(1, 6)), *(f"HB-{i}" for i in range(1, 8)),
-        *(f"PROC-{i}" for i in range(1, 4)), "RES-1", "RES-2", "SEC-1", "SEC-2",
+        *(f"PROC-{i}" for i in range(1, 4)), "RES-1", "RES-2", "SEC-1", "SEC-2", "SEC-3",
     }
     assert got["CONN-1"] == got["MSG-1"] == got["MSG-2"] == "failed"
     assert got["POLL-4"] == got["RES-1"] == "passed"

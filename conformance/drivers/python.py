@@ -49,8 +49,13 @@ _P2P_OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_tt
 _PUBLISHER_OPTIONS: Final = (
     "buffer_steps", "max_queue", "shutdown_timeout_ms", "replay_stall_timeout_ms",
     "data_parallel_rank", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
+    "curve_server_secret_key", "curve_allowed_client_keys",
 )
-_SUBSCRIBER_OPTIONS: Final = ("replay_timeout_ms", "heartbeat_ivl_ms", "heartbeat_timeout_ms")
+_SUBSCRIBER_OPTIONS: Final = ("replay_timeout_ms", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
+                               "curve_client_secret_key", "curve_server_key")
+#: CURVE keywords (SEC-2, EVT-10, EVS-10): forwarded where the target takes them.
+_P2P_CURVE: Final = ("curve_server_secret_key", "curve_allowed_client_keys",
+                     "curve_client_secret_key", "curve_server_key")
 _BYTES: Final = (bytes, bytearray, memoryview)
 _CAPABILITIES: Final = "zmq_conformance_capabilities"
 
@@ -247,8 +252,10 @@ class _Service:
                       "kv-events-subscriber": _SUBSCRIBER_OPTIONS}[self.contract]
         answer["capabilities"] = _declared(self.target)
         answer["options"] = [o for o in candidates if _accepts(self.target, o)]
-        if self.contract == "p2p" and len(answer["options"]) < len(_P2P_OPTIONS):
-            answer["options"] = []  # the suite passes heartbeats as all three or none
+        if self.contract == "p2p":
+            if len(answer["options"]) < len(_P2P_OPTIONS):
+                answer["options"] = []  # the suite passes heartbeats as all three or none
+            answer["options"] += [o for o in _P2P_CURVE if _accepts(self.target, o)]
         return answer
 
     # -- calls ----------------------------------------------------------------------
@@ -279,7 +286,7 @@ class _Service:
             raise _Refused("unsupported", f"no constructor {name!r} in contract "
                                           f"{self.contract!r}")
         if name == "transport":
-            opts = {k: args.pop(k) for k in _P2P_OPTIONS if k in args}
+            opts = {k: args.pop(k) for k in (*_P2P_OPTIONS, *_P2P_CURVE) if k in args}
             obj = self.target(args["local_id"], args["host"], args["port"], **opts)
             return {"handle": self._new("transport", obj)}
         if name in ("publisher", "subscriber"):
@@ -297,7 +304,9 @@ class _Service:
             holder = _Server()
             handlers = {kind: python_handler(behaviour, holder.note)
                         for kind, behaviour in dict(args["handlers"]).items()}
-            holder.server = side(args["endpoint"], handlers)
+            curve = {k: args[k] for k in ("curve_server_secret_key", "curve_allowed_client_keys")
+                     if k in args}
+            holder.server = side(args["endpoint"], handlers, **curve)
             return {"handle": self._new("server", holder)}
         register = args.pop("register", None)
         obj = side(args.pop("endpoint"), register=tuple(register) if register else None, **args)

@@ -47,6 +47,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from reference_impl._curve import CurveClient, client_config
 from reference_impl.control import wire as wire_profiles
 from reference_impl.control.interface import (
     PING,
@@ -80,6 +81,9 @@ class ControlClient:
         register: ``(type, body)`` sent by the client itself on every
             (re)connection to a server, or ``None``.
         reconnect_ivl_ms / reconnect_ivl_max_ms: libzmq's reconnect backoff.
+        curve_client_secret_key, curve_server_key: CURVE, off by default (see
+            :mod:`reference_impl._curve`): every socket the client opens,
+            rebuilt ones included, is a CURVE client pinned to the server key.
         wire: the wire profile, ``"rep-envelope"`` or ``"lmcache-mq"``.
         codes: the ``lmcache-mq`` request-code table (type name -> int);
             default :data:`reference_impl.control.wire.REFERENCE_CODES`.
@@ -95,9 +99,12 @@ class ControlClient:
         register: tuple[str, Mapping[str, Any]] | None = None,
         reconnect_ivl_ms: int = 100,
         reconnect_ivl_max_ms: int = 1000,
+        curve_client_secret_key: str | bytes | None = None,
+        curve_server_key: str | bytes | None = None,
         wire: str = wire_profiles.REP_ENVELOPE,
         codes: Mapping[str, int] | None = None,
     ) -> None:
+        self._curve: CurveClient | None = client_config(curve_client_secret_key, curve_server_key)
         for name, value in (
             ("heartbeat_ivl_ms", heartbeat_ivl_ms),
             ("heartbeat_timeout_ms", heartbeat_timeout_ms),
@@ -350,6 +357,7 @@ class ControlClient:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, self._reconnect[0])
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, self._reconnect[1])
+        self._secure(sock)
         address = f"inproc://ctl-client-{self._instance}-{self._generation}"
         sock.monitor(address, zmq.EVENT_HANDSHAKE_SUCCEEDED)
         monitor = self._ctx.socket(zmq.PAIR)
@@ -358,6 +366,11 @@ class ControlClient:
         sock.connect(self.endpoint)
         self._sock, self._monitor = sock, monitor
         self._rcvtimeo = -1
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE client options on a socket about to connect (a no-op when CURVE is off)."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     def _close_sockets(self) -> None:
         # The monitored socket first: closing the monitor's reader first can hang teardown.

@@ -18,12 +18,14 @@ vanished, or whose queue is full, is dropped and counted, never waited for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, cast
 
 import msgspec
 import zmq
 
+from reference_impl._curve import CurveServer, ZapHandler, ZapPolicy, server_config
 from reference_impl.control import wire as wire_profiles
 from reference_impl.control.interface import PING, Handler, Message
 
@@ -51,6 +53,11 @@ class ControlServer:
             hold the caller.
         max_message_bytes: frames above this are refused by libzmq
             (``ZMQ_MAXMSGSIZE``): the sender's connection is dropped.
+        curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler:
+            CURVE, off by default (see :mod:`reference_impl._curve`): the
+            ROUTER becomes a CURVE server that lets in only the allowed client
+            keys (or whom the handler allows); :meth:`serve` answers the ZAP
+            requests.
         wire: the wire profile, ``"rep-envelope"`` or ``"lmcache-mq"``.
         codes: the ``lmcache-mq`` request-code table (type name -> int);
             default :data:`reference_impl.control.wire.REFERENCE_CODES`.
@@ -60,6 +67,7 @@ class ControlServer:
     zmq_conformance_capabilities: ClassVar[dict[str, Any]] = {
         "request_types": {PING: {}},
         "head_of_line": "serial",
+        "authentication": True,
     }
 
     def __init__(
@@ -69,9 +77,14 @@ class ControlServer:
         *,
         max_batch: int = 1000,
         max_message_bytes: int = 16 * 1024 * 1024,
+        curve_server_secret_key: str | bytes | None = None,
+        curve_allowed_client_keys: Collection[str | bytes] | None = None,
+        curve_zap_handler: ZapPolicy | None = None,
         wire: str = wire_profiles.REP_ENVELOPE,
         codes: Mapping[str, int] | None = None,
     ) -> None:
+        self._curve: CurveServer | None = server_config(
+            curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler)
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._mq = wire_profiles.check_profile(wire) == wire_profiles.LMCACHE_MQ
@@ -84,16 +97,27 @@ class ControlServer:
         self.served = 0
         self._closed = False
         self._ctx = zmq.Context()
+        self._zap: ZapHandler | None = None
         try:
+            if self._curve is not None:
+                self._zap = ZapHandler(self._ctx, self._curve.policy)
             self._sock = self._ctx.socket(zmq.ROUTER)
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+            self._secure(self._sock)
             self._sock.bind(endpoint)
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        if self._zap is not None:
+            self._poller.register(self._zap.socket, zmq.POLLIN)
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE server options on the ROUTER, before bind() (a no-op when CURVE is off)."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     def _builtin_handlers(self) -> dict[str, Handler]:
         """The protocol's own handlers (a hook for subclasses)."""
@@ -107,7 +131,10 @@ class ControlServer:
         """
         if self._closed:
             raise RuntimeError("serve() on a closed ControlServer")
-        if not self._poller.poll(max(timeout_ms, 0)):
+        if self._zap is None:
+            if not self._poller.poll(max(timeout_ms, 0)):
+                return 0
+        elif not self._wait_authenticating(timeout_ms):
             return 0
         sock = self._sock
         try:
@@ -120,6 +147,19 @@ class ControlServer:
             answered += 1
         self.served += answered
         return answered
+
+    def _wait_authenticating(self, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for a request, answering ZAP requests meanwhile."""
+        assert self._zap is not None
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        while True:
+            self._zap.serve()
+            if _readable(self._sock):
+                return True
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms <= 0:
+                return False
+            self._poller.poll(max(1, int(left_ms)))
 
     def _answer(self, frames: list[bytes]) -> None:
         if self._mq:
@@ -219,6 +259,8 @@ class ControlServer:
             return
         self._closed = True
         self._sock.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
         self._ctx.term()
 
 

@@ -11,6 +11,9 @@ Shape (vLLM's ``ZmqEventPublisher``, with its known defects fixed):
   ``[topic, seq, payload]`` on the PUB socket and keeps the last
   ``buffer_steps`` payloads for replay. A batch that cannot be encoded is
   counted and skipped *without* consuming a sequence number.
+- Replay answers follow ``replay_layout`` (:mod:`reference_impl.kv_events.wire`):
+  ``[b"", seq, payload]`` (``seq-payload``, the default) or ``[b"", topic,
+  seq, payload]`` (``topic-seq-payload``, vLLM 0.26 and later).
 - The replay ROUTER runs with ``ZMQ_ROUTER_MANDATORY``: a reader whose pipe
   is full makes the send fail with ``EAGAIN`` instead of dropping silently,
   so its replay pauses and resumes where it stopped. A reader that makes no
@@ -40,13 +43,14 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 import zmq
 
+from reference_impl._curve import CurveServer, ZapHandler, ZapPolicy, server_config
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
     SEQ_BYTES,
@@ -54,6 +58,7 @@ from reference_impl.kv_events.schema import (
     KVEventBatch,
     encode_batch,
 )
+from reference_impl.kv_events.wire import REPLAY_LAYOUTS, ReplayLayout
 
 __all__ = ["KVEventPublisher", "PublisherClosedError", "rank_endpoints"]
 
@@ -75,6 +80,10 @@ _REQUEST_SLICE: Final = 256
 _MORE_NOBLOCK: Final = zmq.SNDMORE | zmq.NOBLOCK
 #: How long the thread sleeps between retries of a replay stalled by EAGAIN.
 _STALL_RETRY_MS: Final = 5
+#: ZMQ_MAXMSGSIZE of both sockets: what peers send here (subscriptions, replay
+#: requests, handshake commands) is tiny, so a frame announced larger is refused at
+#: its header instead of being buffered (EVT-11).
+MAX_INBOUND_FRAME_BYTES: Final = 65536
 
 
 class PublisherClosedError(RuntimeError):
@@ -158,7 +167,8 @@ class KVEventPublisher:
         endpoint: where the PUB socket binds (``tcp://127.0.0.1:5557``).
         replay_endpoint: where the replay ROUTER binds.
         topic: the first frame of every PUB message (``""``: empty frame).
-        encoding: ``"map"`` (vLLM's publisher) or ``"array"`` payloads.
+        encoding: ``"map"``, ``"array"`` or ``"array-map"`` payloads.
+        replay_layout: ``"seq-payload"`` or ``"topic-seq-payload"`` replay answers.
         buffer_steps: batches kept for replay.
         max_queue: batches ``publish()`` may queue before it sheds.
         data_parallel_rank: this publisher's rank. ``None`` (default): bind
@@ -172,18 +182,25 @@ class KVEventPublisher:
         replay_stall_timeout_ms: how long a replay reader may make no
             progress before its replay is abandoned without end marker.
         shutdown_timeout_ms: the bound on :meth:`shutdown`.
+        curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler:
+            CURVE, off by default (see :mod:`reference_impl._curve`): both
+            the PUB and the replay ROUTER become CURVE servers that let in
+            only the allowed client keys (or whom the handler allows); the
+            publisher's thread answers the ZAP requests.
 
     Raises:
-        ValueError: a bad option, naming it.
+        ValueError: a bad option (a CURVE key that does not fit), naming it.
         zmq.ZMQError: an endpoint could not be bound; nothing is left open.
     """
 
     #: What this publisher declares to the conformance suite.
     zmq_conformance_capabilities: Final = {
         "encoding": "map",
+        "wire": "seq-payload",
         "buffer_steps": DEFAULT_BUFFER_STEPS,
         "data_parallel": True,
         "heartbeat_configurable": True,
+        "authentication": True,
     }
 
     def __init__(
@@ -193,6 +210,7 @@ class KVEventPublisher:
         *,
         topic: str = "",
         encoding: Encoding = "map",
+        replay_layout: ReplayLayout = "seq-payload",
         buffer_steps: int = DEFAULT_BUFFER_STEPS,
         max_queue: int = DEFAULT_MAX_QUEUE,
         data_parallel_rank: int | None = None,
@@ -201,9 +219,18 @@ class KVEventPublisher:
         heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
         replay_stall_timeout_ms: int = DEFAULT_REPLAY_STALL_TIMEOUT_MS,
         shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS,
+        curve_server_secret_key: str | bytes | None = None,
+        curve_allowed_client_keys: Collection[str | bytes] | None = None,
+        curve_zap_handler: ZapPolicy | None = None,
     ) -> None:
-        if encoding not in ("map", "array"):
-            raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
+        self._curve: CurveServer | None = server_config(
+            curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler)
+        if encoding not in ("map", "array", "array-map"):
+            raise ValueError(
+                f"encoding must be 'map', 'array' or 'array-map', not {encoding!r}")
+        if replay_layout not in REPLAY_LAYOUTS:
+            raise ValueError(f"replay_layout must be one of {', '.join(REPLAY_LAYOUTS)}, "
+                             f"not {replay_layout!r}")
         for name, value in (
             ("buffer_steps", buffer_steps),
             ("max_queue", max_queue),
@@ -224,6 +251,12 @@ class KVEventPublisher:
         self.replay_endpoint = replay_endpoint
         self.topic = topic
         self.encoding: Encoding = encoding
+        self.replay_layout: ReplayLayout = replay_layout
+        #: Frames between the delimiter and the seq of a replay answer (the topic, or
+        #: none), and of the end marker (an empty topic, or none).
+        self._replay_prefix: tuple[bytes, ...] = (
+            (topic.encode(),) if replay_layout == "topic-seq-payload" else ())
+        self._end_prefix: tuple[bytes, ...] = (b"",) * len(self._replay_prefix)
         self.buffer_steps = buffer_steps
         self.max_queue = max_queue
         self.data_parallel_rank = data_parallel_rank
@@ -248,7 +281,10 @@ class KVEventPublisher:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._zap: ZapHandler | None = None
         try:
+            if self._curve is not None:
+                self._zap = ZapHandler(self._ctx, self._curve.policy)
             self._pub = self._socket(zmq.PUB, heartbeat_ivl_ms, heartbeat_timeout_ms)
             self._pub.setsockopt(zmq.SNDHWM, sndhwm)
             self._pub.bind(endpoint)
@@ -268,11 +304,18 @@ class KVEventPublisher:
     def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_FRAME_BYTES)
+        self._secure(sock)
         if ivl_ms:
             sock.setsockopt(zmq.HEARTBEAT_IVL, ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms or ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TTL, min(timeout_ms or ivl_ms, 6_553_500))
         return sock
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE server options on a socket about to bind (a no-op when CURVE is off)."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     # -- the interface --------------------------------------------------------
 
@@ -363,10 +406,15 @@ class KVEventPublisher:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        zap = self._zap
+        if zap is not None:
+            poller.register(zap.socket, zmq.POLLIN)
         jobs: dict[bytes, _ReplayJob] = {}
         try:
             while True:
                 try:
+                    if zap is not None:
+                        zap.serve()
                     self._publish_queued()
                     if self._stopping:
                         break
@@ -457,6 +505,7 @@ class KVEventPublisher:
         timeout: int | None = None
         now = time.monotonic()
         send = self._router.send
+        prefix, end = self._replay_prefix, self._end_prefix
         for identity in list(jobs):
             job = jobs[identity]
             sent = 0
@@ -468,12 +517,15 @@ class KVEventPublisher:
                     # EHOSTUNREACH); once it is accepted the message goes out whole.
                     send(identity, _MORE_NOBLOCK)
                     send(b"", _MORE_NOBLOCK)
+                    for frame in prefix:
+                        send(frame, _MORE_NOBLOCK)
                     send(seq_frame, _MORE_NOBLOCK)
                     send(payload, zmq.NOBLOCK, len(payload) < 65536)
                     pending.popleft()
                     sent += 1
                 if not job.pending and sent < _REPLAY_SLICE:
-                    self._router.send_multipart((identity, b"", END_MARKER_SEQ, b""), zmq.NOBLOCK)
+                    self._router.send_multipart((identity, b"", *end, END_MARKER_SEQ, b""),
+                                                zmq.NOBLOCK)
                     del jobs[identity]
                     self._counters.replays_served += 1
                     continue
@@ -510,5 +562,7 @@ class KVEventPublisher:
         self._counters.replays_abandoned += len(jobs)
         jobs.clear()
         self._router.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
         # Give libzmq a bounded time to write what the PUB socket still holds.
         self._pub.close(linger=int(self._shutdown_timeout_s * 1000))

@@ -13,13 +13,19 @@ is a *signed* 8-byte big-endian integer (``ff`` x 8).
 
 The payload is a :class:`KVEventBatch`. Its events are tagged unions, the tag
 being the class name (``"BlockStored"``, ``"BlockRemoved"``,
-``"AllBlocksCleared"``). Two encodings of the same structs exist in the
+``"AllBlocksCleared"``). Three encodings of the same structs exist in the
 field, and an implementation declares which one it speaks:
 
-- ``"map"``: structs as MessagePack maps with default-valued fields left out;
-  what vLLM's current publisher writes.
+- ``"map"``: structs as MessagePack maps with default-valued fields left out
+  (the reference publisher);
 - ``"array"``: structs as MessagePack arrays in field order (the tag first
-  for events); what vLLM's example subscriber decodes.
+  for events); vLLM 0.9 to 0.23, and what vLLM's example subscriber decodes;
+- ``"array-map"``: the batch as an array, its events as maps (vLLM 0.24 and
+  later).
+
+The replay layouts and the schema versions of other releases are in
+:mod:`reference_impl.kv_events.wire`; this module's structs are the ``base``
+schema plus, as optional fields, what later vLLM releases added.
 
 The classes here are the suite's public types: a publisher under test is
 handed :class:`KVEventBatch` instances, and a subscriber's decoded batches
@@ -55,9 +61,9 @@ __all__ = [
     "replay_request",
 ]
 
-Encoding: TypeAlias = Literal["map", "array"]
+Encoding: TypeAlias = Literal["map", "array", "array-map"]
 #: The encodings an implementation may declare (its ``encoding`` capability).
-ENCODINGS: Final[tuple[Encoding, ...]] = ("map", "array")
+ENCODINGS: Final[tuple[Encoding, ...]] = ("map", "array", "array-map")
 
 #: Width of a sequence-number frame.
 SEQ_BYTES: Final = 8
@@ -80,7 +86,10 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
 
     ``token_ids`` holds the tokens of all the blocks, ``block_size`` per
     block; ``lora_id`` (deprecated upstream in favour of ``lora_name``) and
-    ``medium`` (``"GPU"``, ``"CPU"``, ...) say which cache holds them.
+    ``medium`` (``"GPU"``, ``"CPU"``, ...) say which cache holds them. The
+    fields after ``lora_name`` are what later vLLM releases added (see
+    :data:`reference_impl.kv_events.wire.SCHEMAS`); left ``None`` they are
+    not on the wire of the ``map`` encoding.
     """
 
     block_hashes: list[BlockHash]
@@ -90,13 +99,24 @@ class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     lora_id: int | None
     medium: str | None
     lora_name: str | None = None
+    extra_keys: list[list[Any] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
-    """Blocks left the KV cache of ``medium``."""
+    """Blocks left the KV cache of ``medium`` (later fields: later vLLM releases)."""
 
     block_hashes: list[BlockHash]
     medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class AllBlocksCleared(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
@@ -118,7 +138,7 @@ class KVEventBatch(msgspec.Struct, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-# --- the same structs as arrays ("array" encoding) --------------------------
+# --- the same structs as arrays ("array" encoding, the base schema's fields) ----
 
 
 class _ArrayBlockStored(
@@ -160,12 +180,19 @@ _TO_ARRAY: Final[dict[type[Any], type[Any]]] = {
 _FROM_ARRAY: Final[dict[type[Any], type[Any]]] = {v: k for k, v in _TO_ARRAY.items()}
 
 
-def _fields(obj: msgspec.Struct) -> tuple[Any, ...]:
-    return tuple(getattr(obj, name) for name in obj.__struct_fields__)
+class _ArrayMapKVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+
+
+def _fields(obj: msgspec.Struct, names: tuple[str, ...] | None = None) -> tuple[Any, ...]:
+    return tuple(getattr(obj, name) for name in (names or obj.__struct_fields__))
 
 
 def _to_array(batch: KVEventBatch) -> _ArrayKVEventBatch:
-    events = [_TO_ARRAY[type(ev)](*_fields(ev)) for ev in batch.events]
+    events = [_TO_ARRAY[type(ev)](*_fields(ev, _TO_ARRAY[type(ev)].__struct_fields__))
+              for ev in batch.events]
     return _ArrayKVEventBatch(batch.ts, events, batch.data_parallel_rank)
 
 
@@ -180,6 +207,7 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODERS: Final[dict[Encoding, msgspec.msgpack.Decoder[Any]]] = {
     "map": msgspec.msgpack.Decoder(KVEventBatch),
     "array": msgspec.msgpack.Decoder(_ArrayKVEventBatch),
+    "array-map": msgspec.msgpack.Decoder(_ArrayMapKVEventBatch),
 }
 
 
@@ -191,22 +219,77 @@ def _check_encoding(encoding: str) -> Encoding:
 
 def encode_batch(batch: KVEventBatch, encoding: Encoding = "map") -> bytes:
     """The MessagePack payload of ``batch`` in ``encoding``."""
-    if _check_encoding(encoding) == "map":
+    encoding = _check_encoding(encoding)
+    if encoding == "map":
         return _ENCODER.encode(batch)
+    if encoding == "array-map":
+        return _ENCODER.encode(_ArrayMapKVEventBatch(batch.ts, batch.events,
+                                                     batch.data_parallel_rank))
     return _ENCODER.encode(_to_array(batch))
 
 
-def decode_batch(payload: bytes, encoding: Encoding = "map") -> KVEventBatch:
-    """Decode a payload written in ``encoding``; :class:`SchemaError` if it is not one."""
+def decode_batch(payload: bytes, encoding: Encoding = "map", *,
+                 unknown: list[str] | None = None) -> KVEventBatch:
+    """Decode a payload written in ``encoding``; :class:`SchemaError` if it is not one.
+
+    Forward compatible (what a consumer owes a newer producer): unknown map
+    keys and extra trailing array elements are ignored, and events of an
+    unknown type are left out of the batch, their tags appended to
+    ``unknown``.
+    """
     decoder = _DECODERS[_check_encoding(encoding)]
     try:
         decoded = decoder.decode(payload)
     except msgspec.DecodeError as exc:
-        raise SchemaError(f"payload is not a {encoding}-encoded KVEventBatch: {exc}") from exc
+        return _decode_skipping_unknown(payload, encoding, unknown, exc)
     if encoding == "array":
         return _from_array(decoded)
+    if encoding == "array-map":
+        return KVEventBatch(decoded.ts, decoded.events, decoded.data_parallel_rank)
     assert isinstance(decoded, KVEventBatch)
     return decoded
+
+
+_KNOWN_TAGS: Final = frozenset(("BlockStored", "BlockRemoved", "AllBlocksCleared"))
+_STRUCTS: Final[dict[Encoding, type[Any]]] = {
+    "map": KVEventBatch, "array": _ArrayKVEventBatch, "array-map": _ArrayMapKVEventBatch,
+}
+
+
+def _decode_skipping_unknown(payload: bytes, encoding: Encoding, unknown: list[str] | None,
+                             error: msgspec.DecodeError) -> KVEventBatch:
+    """The slow path: drop the events of unknown types, then decode what is left."""
+    failed = SchemaError(f"payload is not a {encoding}-encoded KVEventBatch: {error}")
+    try:
+        data = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        raise failed from error
+    events = (data.get("events") if isinstance(data, dict)
+              else data[1] if isinstance(data, list) and len(data) > 1 else None)
+    if not isinstance(events, list):
+        raise failed from error
+    tags = [_event_tag(event, encoding) for event in events]
+    dropped = [t for t in tags if isinstance(t, str) and t not in _KNOWN_TAGS]
+    if not dropped:  # the fast path failed for another reason than an unknown type
+        raise failed from error
+    kept = [event for event, tag in zip(events, tags, strict=True) if tag in _KNOWN_TAGS]
+    if isinstance(data, dict):
+        data["events"] = kept
+    else:
+        data[1] = kept
+    try:
+        decoded = msgspec.convert(data, _STRUCTS[encoding])
+    except msgspec.ValidationError:
+        raise failed from error
+    if unknown is not None:
+        unknown.extend(dropped)
+    return normalize(decoded)
+
+
+def _event_tag(event: Any, encoding: Encoding) -> Any:
+    if encoding == "array":
+        return event[0] if isinstance(event, list) and event else None
+    return event.get("type") if isinstance(event, dict) else None
 
 
 def normalize(batch: Any) -> KVEventBatch:
@@ -214,8 +297,9 @@ def normalize(batch: Any) -> KVEventBatch:
 
     Accepts this module's structs, other msgspec structs (map- or
     array-like, as vLLM's own classes), dicts and lists: anything whose
-    :func:`msgspec.to_builtins` form is one of the two encodings' shapes.
-    Raises :class:`SchemaError` naming what does not fit.
+    :func:`msgspec.to_builtins` form is one of the encodings' shapes (events
+    of an array batch may be arrays or maps). Raises :class:`SchemaError`
+    naming what does not fit.
     """
     if isinstance(batch, KVEventBatch):
         return batch
@@ -224,6 +308,10 @@ def normalize(batch: Any) -> KVEventBatch:
     builtins = msgspec.to_builtins(batch)
     try:
         if isinstance(builtins, list | tuple):
+            events = builtins[1] if len(builtins) > 1 else None
+            if isinstance(events, list) and events and isinstance(events[0], dict):
+                mixed = msgspec.convert(list(builtins), _ArrayMapKVEventBatch)
+                return KVEventBatch(mixed.ts, mixed.events, mixed.data_parallel_rank)
             return _from_array(msgspec.convert(list(builtins), _ArrayKVEventBatch))
         return msgspec.convert(builtins, KVEventBatch)
     except msgspec.ValidationError as exc:

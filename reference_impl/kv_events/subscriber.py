@@ -22,9 +22,17 @@ thread is started. What it guarantees (the ``kv-events-subscriber`` contract):
   marks a new publisher incarnation: counted in ``stats()["restarts"]``,
   and the new incarnation is delivered from its seq 0 (replaying what the
   subscriber missed of it) instead of being dropped as duplicates.
+- **Both replay layouts.** A replay answer is read by its frame count after
+  the delimiter: ``[b"", seq, payload]`` (``seq-payload``) or ``[b"", topic,
+  seq, payload]`` (``topic-seq-payload``, vLLM 0.26 and later), so the
+  subscriber works with publishers of either release.
+- **Newer producers.** Unknown map keys and extra trailing array elements
+  are ignored; an event of an unknown type is left out of its batch and
+  counted in ``stats()["unknown_events"]``, and the batch's other events are
+  delivered (:mod:`reference_impl.kv_events.wire`).
 - **Garbage.** Messages with the wrong frame count, a seq frame that is not
-  8 bytes, or a payload that does not decode (including unknown event tags)
-  are counted in ``stats()["garbled"]`` and skipped. A garbled payload with
+  8 bytes, or a payload that does not decode are counted in
+  ``stats()["garbled"]`` and skipped. A garbled payload with
   a valid seq consumes that seq, so it is not replayed in a loop.
 - **Topic.** Only messages whose topic frame equals ``topic`` are delivered
   (an empty topic delivers all).
@@ -44,12 +52,15 @@ thread is started. What it guarantees (the ``kv-events-subscriber`` contract):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from reference_impl._curve import CurveClient, client_config
 from reference_impl.kv_events.schema import (
     SEQ_BYTES,
     Encoding,
@@ -58,6 +69,7 @@ from reference_impl.kv_events.schema import (
     decode_batch,
     replay_request,
 )
+from reference_impl.kv_events.wire import WireError, parse_replay_answer
 
 __all__ = ["KVEventSubscriber"]
 
@@ -71,6 +83,13 @@ DEFAULT_RCVHWM: Final = 0
 #: caller holds few decoded batches at once (large batches cost memory churn).
 _READ_SLICE: Final = 64
 _SEQ_LIMIT: Final = 2**63
+#: The SUB monitor's events: a connection that ends before its handshake succeeded may
+#: have ended libzmq's session for good (no reconnect), so the SUB socket is rebuilt.
+_SUB_EVENTS: Final = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+                      | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_POLLIN: Final = int(zmq.POLLIN)
+#: Monitor endpoints are never reused (libzmq releases inproc names asynchronously).
+_monitor_serial = itertools.count()
 
 
 @dataclass
@@ -94,7 +113,7 @@ class KVEventSubscriber:
         endpoint: the publisher's PUB endpoint, connected to.
         replay_endpoint: the publisher's replay ROUTER, connected to.
         topic: the topic to deliver (``""``: every topic).
-        encoding: the payload encoding, ``"map"`` or ``"array"``.
+        encoding: the payload encoding, ``"map"``, ``"array"`` or ``"array-map"``.
         replay_timeout_ms: silence after which a replay attempt is abandoned.
         replay_attempts: attempts before a gap is declared lost.
         resync_idle_ms: quiet time after which the subscriber checks for
@@ -104,9 +123,14 @@ class KVEventSubscriber:
         rcvhwm: the SUB socket's receive high-water mark (0, the default: no
             limit; a limit lets a publisher restart crash the process, see above).
         reconnect_ivl_ms: libzmq's reconnect interval.
+        curve_client_secret_key, curve_server_key: CURVE, off by default (see
+            :mod:`reference_impl._curve`): the SUB socket and every replay
+            DEALER are CURVE clients pinned to the publisher's server key, so
+            a publisher without the matching secret delivers nothing.
     """
 
-    zmq_conformance_capabilities: Final = {"encoding": "map"}
+    zmq_conformance_capabilities: Final = {"encoding": "map", "wire": "both",
+                                           "authentication": True}
 
     def __init__(
         self,
@@ -122,9 +146,13 @@ class KVEventSubscriber:
         heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
         rcvhwm: int = DEFAULT_RCVHWM,
         reconnect_ivl_ms: int = 100,
+        curve_client_secret_key: str | bytes | None = None,
+        curve_server_key: str | bytes | None = None,
     ) -> None:
-        if encoding not in ("map", "array"):
-            raise ValueError(f"encoding must be 'map' or 'array', not {encoding!r}")
+        self._curve: CurveClient | None = client_config(curve_client_secret_key, curve_server_key)
+        if encoding not in ("map", "array", "array-map"):
+            raise ValueError(
+                f"encoding must be 'map', 'array' or 'array-map', not {encoding!r}")
         for name, value in (
             ("replay_timeout_ms", replay_timeout_ms),
             ("replay_attempts", replay_attempts),
@@ -161,29 +189,78 @@ class KVEventSubscriber:
         self._closed = False
         self._counts = dict.fromkeys(
             ("delivered", "duplicates", "garbled", "other_topic", "gaps", "replays",
-             "replay_timeouts", "lost", "restarts", "stray_answers"),
+             "replay_timeouts", "lost", "restarts", "stray_answers", "unknown_events",
+             "resubscribes"),
             0,
         )
 
+        self._sub_settings = (rcvhwm, heartbeat_ivl_ms, heartbeat_timeout_ms)
+        self._resubscribe_at = 0.0
+        self._sub_failed = False
+        self._sub_handshaken = False
         self._ctx = zmq.Context()
         try:
-            self._sub: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
-            self._sub.setsockopt(zmq.LINGER, 0)
-            self._sub.setsockopt(zmq.RCVHWM, rcvhwm)
-            self._sub.setsockopt(zmq.RECONNECT_IVL, reconnect_ivl_ms)
-            if heartbeat_ivl_ms:
-                self._sub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
-                self._sub.setsockopt(
-                    zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or heartbeat_ivl_ms
-                )
-            self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
-            self._sub.connect(endpoint)
+            self._sub, self._sub_monitor = self._open_sub()
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
         self._dealer: zmq.Socket[bytes] | None = None
         self._poller = zmq.Poller()
         self._poller.register(self._sub, zmq.POLLIN)
+
+    def _open_sub(self) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        """The SUB socket, every option set before connect(), and the PAIR reading its
+        connection events (see :meth:`_watch_sub`)."""
+        rcvhwm, heartbeat_ivl_ms, heartbeat_timeout_ms = self._sub_settings
+        sub: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, rcvhwm)
+        sub.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+        if heartbeat_ivl_ms:
+            sub.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ivl_ms)
+            sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or heartbeat_ivl_ms)
+        sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        self._secure(sub)
+        address = f"inproc://kv-subscriber-monitor-{next(_monitor_serial)}"
+        sub.monitor(address, _SUB_EVENTS)
+        monitor: zmq.Socket[bytes] = self._ctx.socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+        sub.connect(self.endpoint)
+        return sub, monitor
+
+    def _watch_sub(self) -> None:
+        """Rebuild the SUB socket after a connection ended before its handshake succeeded
+        (at most once per reconnect interval): libzmq ends a connecting session for good
+        on a ZMTP protocol error (and on some garbage without saying so), so garbage from
+        an impostor on the endpoint would otherwise leave the subscriber deaf to the
+        real publisher forever (EVS-11)."""
+        monitor = self._sub_monitor
+        while cast(int, monitor.getsockopt(zmq.EVENTS)) & _POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self._sub_handshaken = False
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._sub_handshaken = True
+            elif event == zmq.EVENT_DISCONNECTED and not self._sub_handshaken:
+                self._sub_failed = True
+        now = time.monotonic()
+        if not self._sub_failed or now < self._resubscribe_at:
+            return
+        self._sub_failed = False
+        self._resubscribe_at = now + self._reconnect_ivl_ms / 1000
+        self._counts["resubscribes"] += 1
+        self._poller.unregister(self._sub)
+        self._close_sub()
+        self._sub, self._sub_monitor = self._open_sub()
+        self._poller.register(self._sub, zmq.POLLIN)
+
+    def _close_sub(self) -> None:
+        # The monitored socket first: closing the monitor's reader first can hang teardown.
+        with contextlib.suppress(zmq.ZMQError):
+            self._sub.disable_monitor()
+        self._sub.close(linger=0)
+        self._sub_monitor.close(linger=0)
 
     # -- the interface ------------------------------------------------------------
 
@@ -202,6 +279,7 @@ class KVEventSubscriber:
         deadline = time.monotonic() + max(timeout_ms, 0) / 1000
         out: list[tuple[int, KVEventBatch]] = []
         while True:
+            self._watch_sub()
             self._read_live(out)
             self._read_replay(out)
             now = time.monotonic()
@@ -217,7 +295,7 @@ class KVEventSubscriber:
             return
         self._closed = True
         self._drop_dealer()
-        self._sub.close(linger=0)
+        self._close_sub()
         self._ctx.term()
 
     # -- extras -------------------------------------------------------------------
@@ -225,7 +303,9 @@ class KVEventSubscriber:
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered``, ``duplicates``, ``garbled``, ``other_topic``,
         ``gaps``, ``replays``, ``replay_timeouts``, ``lost``, ``restarts``,
-        ``stray_answers``."""
+        ``stray_answers``, ``unknown_events`` (events of a type it does not know,
+        left out of their batches), ``resubscribes`` (SUB sockets rebuilt after a failed
+        handshake)."""
         return dict(self._counts)
 
     @property
@@ -322,8 +402,14 @@ class KVEventSubscriber:
         dealer: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RECONNECT_IVL, self._reconnect_ivl_ms)
+        self._secure(dealer)
         dealer.connect(self.replay_endpoint)
         return dealer
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE client options on a socket about to connect (a no-op when CURVE is off)."""
+        if self._curve is not None:
+            self._curve.apply(sock)
 
     def _send_request(self, sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
         with contextlib.suppress(zmq.Again):  # unanswered: the timeout retries
@@ -354,9 +440,16 @@ class KVEventSubscriber:
         if replay is None:
             self._counts["stray_answers"] += 1
             return
-        if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != SEQ_BYTES:
+        try:
+            answer = parse_replay_answer(frames)
+        except WireError:
             self._counts["garbled"] += 1
             return
+        if (answer.topic is not None and not answer.is_end
+                and not self._accepts_topic(answer.topic)):
+            self._counts["other_topic"] += 1
+            return
+        frames = [b"", answer.seq_frame, answer.payload]
         replay.last_activity = time.monotonic()
         seq = self._answer_seq(frames[1])
         if replay.check is not None and seq != -1 and seq < replay.start:
@@ -461,8 +554,11 @@ class KVEventSubscriber:
         return seq
 
     def _decode(self, payload: bytes) -> KVEventBatch | None:
+        unknown: list[str] = []
         try:
-            return decode_batch(payload, self.encoding)
+            batch = decode_batch(payload, self.encoding, unknown=unknown)
         except SchemaError:
             self._counts["garbled"] += 1
             return None
+        self._counts["unknown_events"] += len(unknown)
+        return batch

@@ -55,7 +55,7 @@ import itertools
 import logging
 import secrets
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar, Final, cast
 
 import msgspec
@@ -63,6 +63,14 @@ import zmq
 from zmq.backend import Socket as _RawSocket
 from zmq.utils.monitor import parse_monitor_message
 
+from reference_impl._curve import (
+    CurveClient,
+    CurveServer,
+    ZapHandler,
+    ZapPolicy,
+    client_config,
+    server_config,
+)
 from reference_impl.p2p.interface import (
     ConnectionDeadError,
     ControlConnection,
@@ -310,10 +318,17 @@ class ZmqTransport(ControlTransport):
         handshake_ivl_ms: how long a ZMTP handshake may take; bounds recovery
             when a fault swallows the reconnect (libzmq's default is 30 s).
         poll_batch: most messages one ``poll()`` routes.
+        curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler,
+        curve_client_secret_key, curve_server_key: CURVE, off by default (see
+            :mod:`reference_impl._curve`). With them the ROUTER is a CURVE
+            server that lets in only the allowed client keys (or whom the ZAP
+            handler allows), and every DEALER is a CURVE client of its peer's
+            server key. All five or none: a node is both server and client.
+            ZAP requests are answered inside ``poll()``.
 
     Raises:
-        ValueError: an option is out of range, or ``local_id`` is not
-            ``"host:port"`` or too long.
+        ValueError: an option is out of range, a CURVE key does not fit, or
+            ``local_id`` is not ``"host:port"`` or too long.
         zmq.ZMQError: binding ``host:port`` failed (e.g. ``EADDRINUSE``); the
             half-built transport is released first.
     """
@@ -327,6 +342,7 @@ class ZmqTransport(ControlTransport):
         "max_message_bytes": DEFAULT_MAX_MESSAGE_BYTES,
         "heartbeat_configurable": True,
         "detects_peer_close_ms": 2000,
+        "authentication": True,
     }
 
     def __init__(
@@ -344,8 +360,20 @@ class ZmqTransport(ControlTransport):
         reconnect_ivl_max_ms: int = DEFAULT_RECONNECT_IVL_MAX_MS,
         handshake_ivl_ms: int = DEFAULT_HANDSHAKE_IVL_MS,
         poll_batch: int = DEFAULT_POLL_BATCH,
+        curve_server_secret_key: str | bytes | None = None,
+        curve_allowed_client_keys: Collection[str | bytes] | None = None,
+        curve_zap_handler: ZapPolicy | None = None,
+        curve_client_secret_key: str | bytes | None = None,
+        curve_server_key: str | bytes | None = None,
     ) -> None:
         parse_peer_id(local_id)
+        self._curve_server: CurveServer | None = server_config(
+            curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler)
+        self._curve_client: CurveClient | None = client_config(
+            curve_client_secret_key, curve_server_key)
+        if (self._curve_server is None) != (self._curve_client is None):
+            raise ValueError("curve_server_secret_key and curve_client_secret_key go together: "
+                             "every node is both a CURVE server (ROUTER) and client (DEALERs)")
         if len(local_id.encode()) + _TAG_RESERVE > _MAX_ROUTING_ID_BYTES:
             raise ValueError(
                 f"local_id must be at most {_MAX_ROUTING_ID_BYTES - _TAG_RESERVE} bytes "
@@ -391,7 +419,10 @@ class ZmqTransport(ControlTransport):
         self._closed = False
 
         self._ctx = zmq.Context(io_threads=1)
+        self._zap: ZapHandler | None = None
         try:
+            if self._curve_server is not None:
+                self._zap = ZapHandler(self._ctx, self._curve_server.policy)
             self._router = self._ctx.socket(zmq.ROUTER)
             self._apply_common_options(self._router)
             # A reconnecting peer's new connection takes over its identity at
@@ -399,6 +430,7 @@ class ZmqTransport(ControlTransport):
             # connection and silently drops the new one's messages.
             self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
             self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+            self._secure_router(self._router)
             self._router.bind(f"tcp://{_bracket(host)}:{port}")
         except BaseException:
             self._ctx.destroy(linger=0)
@@ -439,6 +471,8 @@ class ZmqTransport(ControlTransport):
         opens a new connection instead of vanishing into the dead one (POLL-2).
         """
         self._check_open()
+        if self._zap is not None:
+            self._zap.serve()
         dead: list[ZmqConnection] = []
         for conn in self._connections.values():
             conn._drain_monitor()
@@ -483,6 +517,8 @@ class ZmqTransport(ControlTransport):
             conn._release()
         self._connections.clear()
         self._router.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
         self._ctx.term()
 
     # -- extras -----------------------------------------------------------
@@ -608,6 +644,7 @@ class ZmqTransport(ControlTransport):
             dealer.setsockopt(zmq.SNDHWM, self.send_hwm)
             dealer.setsockopt(zmq.RECONNECT_IVL, self.reconnect_ivl_ms)
             dealer.setsockopt(zmq.RECONNECT_IVL_MAX, self.reconnect_ivl_max_ms)
+            self._secure_dealer(dealer)
             monitor = self._attach_monitor(dealer, peer_id)
             dealer.connect(f"tcp://{_bracket(host)}:{port}")
         except BaseException:
@@ -649,6 +686,21 @@ class ZmqTransport(ControlTransport):
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
         sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_ttl_ms)
         sock.setsockopt(zmq.HANDSHAKE_IVL, self.handshake_ivl_ms)
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether CURVE is on (the keys themselves are never exposed)."""
+        return self._curve_server is not None
+
+    def _secure_router(self, router: zmq.Socket[bytes]) -> None:
+        """CURVE server options on the ROUTER, before ``bind()`` (a no-op when off)."""
+        if self._curve_server is not None:
+            self._curve_server.apply(router)
+
+    def _secure_dealer(self, dealer: zmq.Socket[bytes]) -> None:
+        """CURVE client options on a DEALER, before ``connect()`` (a no-op when off)."""
+        if self._curve_client is not None:
+            self._curve_client.apply(dealer)
 
     def _retire(self, conn: ZmqConnection) -> None:
         """Unregister a dead connection and release its sockets; its inbox stays readable."""

@@ -1,4 +1,4 @@
-"""The control-channel clauses CTL-1..7, by stable ID (texts follow ``DESIGN.md``)."""
+"""The control-channel clauses CTL-1..9, by stable ID (texts follow ``DESIGN.md``)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,23 @@ CLAUSES: Final[dict[str, Clause]] = {
             "slow handlers and vanished clients do not block others",
             "A slow handler or a client that vanished mid-request never blocks other clients "
             "beyond the declared head-of-line policy.",
+        ),
+        Clause(
+            "CTL-8",
+            "strangers are not served; impostor servers are refused",
+            "Where the implementation declares authentication (CURVE), no request from a "
+            "client without an allowed key reaches a handler, and a client given the server's "
+            "public key gets no reply from a server without the matching secret (plain, or "
+            "CURVE with another key), also after a rebuild; authenticated peers are "
+            "unaffected; no secret key appears in logs or reprs.",
+        ),
+        Clause(
+            "CTL-9",
+            "hostile bytes on the server's port are harmless",
+            "Raw TCP peers sending random or truncated ZMTP greetings, NULL and CURVE "
+            "handshakes with garbage commands, frames announced past the receive limit, and "
+            "floods from many identities neither stop the server nor starve honest clients, "
+            "never reach a handler, and cost bounded memory.",
         ),
     )
 }

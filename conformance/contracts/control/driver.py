@@ -26,6 +26,9 @@ __all__ = ["ClientFactory", "ControlDriver", "DriverClient", "DriverServer", "Se
 
 CONTRACT: Final = "control"
 CLIENT_OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "request_timeout_ms")
+#: The CURVE keywords (CTL-8) the bridge forwards to a control driver.
+CURVE_SERVER_OPTIONS: Final = ("curve_server_secret_key", "curve_allowed_client_keys")
+CURVE_CLIENT_OPTIONS: Final = ("curve_client_secret_key", "curve_server_key")
 
 
 def _rejected(message: str, error: Mapping[str, Any]) -> Exception:
@@ -50,7 +53,9 @@ class ServerFactory:
         self.zmq_conformance_capabilities = dict(hello.capabilities)
         self.__signature__ = signature(("endpoint", "handlers"), ())
 
-    def __call__(self, endpoint: str, handlers: Mapping[str, Callable[..., Any]]) -> DriverServer:
+    def __call__(self, endpoint: str, handlers: Mapping[str, Callable[..., Any]],
+                 **curve: Any) -> DriverServer:
+        """``curve``: the CURVE server keywords (CTL-8), passed to the driver as they are."""
         names: dict[str, str] = {}
         for kind, handler in handlers.items():
             if not isinstance(handler, StandardHandler):
@@ -59,8 +64,9 @@ class ServerFactory:
                     "Python callable; a driver can only run the standard behaviours of "
                     "docs/drivers.md (conformance.drivers.behaviours.StandardHandler)")
             names[kind] = handler.behaviour
-        process, result = build(self.driver_command, CONTRACT, "server",
-                                {"endpoint": endpoint, "handlers": names}, ERRORS,
+        args = {"endpoint": endpoint, "handlers": names,
+                **{k: v for k, v in curve.items() if k in CURVE_SERVER_OPTIONS}}
+        process, result = build(self.driver_command, CONTRACT, "server", args, ERRORS,
                                 what=f"server factory({endpoint!r})")
         return DriverServer(process, int(result["handle"]),
                             f"server on {endpoint} ({process.label})", handlers)
@@ -80,11 +86,12 @@ class ClientFactory:
         self.__signature__ = signature(("endpoint",), (*CLIENT_OPTIONS, "register"))
 
     def __call__(self, endpoint: str, *, heartbeat_ivl_ms: int, heartbeat_timeout_ms: int,
-                 request_timeout_ms: int, register: Any = None) -> DriverClient:
+                 request_timeout_ms: int, register: Any = None, **curve: Any) -> DriverClient:
         args = {"endpoint": endpoint, "heartbeat_ivl_ms": heartbeat_ivl_ms,
                 "heartbeat_timeout_ms": heartbeat_timeout_ms,
                 "request_timeout_ms": request_timeout_ms,
-                "register": list(register) if register is not None else None}
+                "register": list(register) if register is not None else None,
+                **{k: v for k, v in curve.items() if k in CURVE_CLIENT_OPTIONS}}
         process, result = build(self.driver_command, CONTRACT, "client", args, ERRORS,
                                 what=f"client factory({endpoint!r})")
         return DriverClient(process, int(result["handle"]),

@@ -47,6 +47,7 @@ from conformance.contracts.control.wire import PROFILES, Reply, WireProfile
 from conformance.drivers.behaviours import StandardHandler
 from conformance.errors import CallBlocked
 from conformance.supervision import watchdog
+from conformance.testing.credentials import SuiteCredentials
 from conformance.testing.net import HOST, free_port, is_address_in_use
 
 __all__ = [
@@ -223,8 +224,11 @@ class ServerRunner:
 
     def __init__(self, factory: Callable[..., Any], endpoint: str,
                  handlers: Mapping[str, Callable[[dict[str, Any]], Any]], *,
-                 generation: int, limit: float | None = None) -> None:
+                 generation: int, limit: float | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
         self.factory = factory
+        #: Keyword arguments of the factory (the CURVE keys, CTL-8).
+        self.options = dict(options or {})
         self.endpoint = endpoint
         self.handlers = dict(handlers)
         self.generation = generation
@@ -260,7 +264,7 @@ class ServerRunner:
         before = set(threading.enumerate())
         try:
             self._in_call = ("factory", time.monotonic())
-            server = self.factory(self.endpoint, self.handlers)
+            server = self.factory(self.endpoint, self.handlers, **self.options)
             self._in_call = None
         except BaseException as exc:
             self._build_error = exc
@@ -431,6 +435,7 @@ class WireClient:
     """
 
     def __init__(self, endpoint: str, kind: int = zmq.DEALER, *,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None,
                  profile: WireProfile | None = None, codes: Mapping[str, int] | None = None,
                  watch: Callable[[], None] | None = None, clause: str = "CTL-1",
                  **options: int) -> None:
@@ -442,6 +447,8 @@ class WireClient:
         self.watch = watch
         self.clause = clause
         self.sock.setsockopt(zmq.LINGER, 0)
+        if secure is not None:
+            secure(self.sock)
         for name, value in options.items():
             self.sock.setsockopt(getattr(zmq, name.upper()), value)
         self.sock.connect(endpoint)
@@ -547,10 +554,15 @@ class Rig:
     or a proxy's in front of it (:meth:`front`, used by the chaos suite).
     """
 
-    def __init__(self, spec: ControlSpec, *, clause: str = "CTL-3") -> None:
+    def __init__(self, spec: ControlSpec, *, clause: str = "CTL-3",
+                 credentials: SuiteCredentials | None = None) -> None:
         self.spec = spec
         #: The clause a dead server loop is reported under (the test's own).
         self.clause = clause
+        #: CURVE keys of the honest server and clients (``None``: authentication off).
+        self.credentials = credentials
+        self._server_factory: Callable[..., Any] | None = None
+        self._server_options: dict[str, Any] = {}
         self.handlers = SuiteHandlers()
         self.port = 0
         self.generation = 0
@@ -573,9 +585,23 @@ class Rig:
             self.client_endpoint = self.client_endpoint or self.server_endpoint
         return self.client_endpoint
 
+    def start_impostor(self, factory: Callable[..., Any],
+                       options: Mapping[str, Any]) -> ServerRunner:
+        """Start ``factory(endpoint, handlers, **options)`` instead of the server under
+        test (an impostor server, CTL-8); later (re)starts run the impostor too."""
+        self._server_factory = factory
+        self._server_options = dict(options)
+        return self.start_server()
+
     def start_server(self) -> ServerRunner:
-        """Start the server (a fresh port the first time, the same port afterwards)."""
-        factory = self.spec.server_or_reference()
+        """Start the server (a fresh port the first time, the same port afterwards).
+
+        The server under test gets the rig's credentials (CURVE on) if it has any.
+        """
+        factory = self._server_factory or self.spec.server_or_reference()
+        if self._server_factory is None:
+            self._server_options = (self.credentials.server_kwargs()
+                                    if self.credentials is not None else {})
         if self.port == 0:
             for attempt in range(8):
                 self.port = free_port()
@@ -599,7 +625,8 @@ class Rig:
         self.generation += 1
         runner = ServerRunner(factory, self.server_endpoint,
                               self.handlers.for_generation(self.generation),
-                              generation=self.generation)
+                              generation=self.generation,
+                              options=self._server_options)
         runner.start()
         self.runner = runner
         if not self.client_endpoint:
@@ -640,6 +667,8 @@ class Rig:
         options.update(overrides)
         if register:
             options["register"] = (REGISTER, {"worker": name})
+        if self.credentials is not None:
+            options.update(self.credentials.client_kwargs())
         with watchdog.guard(f"client factory({self.client_endpoint!r}) for {name}"):
             raw = factory(self.client_endpoint, **options)
         client = Client(raw, name, int(options["request_timeout_ms"]),
@@ -647,11 +676,14 @@ class Rig:
         self.clients.append(client)
         return client
 
-    def wire(self, kind: int = zmq.DEALER, **options: int) -> WireClient:
-        """A raw peer of the server speaking the declared profile, watching the server."""
+    def wire(self, kind: int = zmq.DEALER, *,
+             secure: Callable[[zmq.Socket[bytes]], None] | None = None,
+             **options: int) -> WireClient:
+        """A raw peer of the server speaking the declared profile, watching the server;
+        ``secure`` makes it a CURVE client before it connects (CTL-8)."""
         wire = WireClient(self.client_endpoint, kind, profile=self.spec.profile,
                           codes=self.spec.capabilities.codes(), watch=self.check,
-                          clause=self.clause, **options)
+                          clause=self.clause, secure=secure, **options)
         self.wires.append(wire)
         return wire
 
@@ -723,10 +755,11 @@ class Rig:
 
 
 @contextmanager
-def rig(spec: ControlSpec, *, server: bool = True, clause: str = "CTL-3") -> Iterator[Rig]:
+def rig(spec: ControlSpec, *, server: bool = True, clause: str = "CTL-3",
+        credentials: SuiteCredentials | None = None) -> Iterator[Rig]:
     """A :class:`Rig` with its server started (unless ``server=False``); a dead server loop
     is reported under ``clause``."""
-    with Rig(spec, clause=clause) as r:
+    with Rig(spec, clause=clause, credentials=credentials) as r:
         if server:
             r.start_server()
         yield r

@@ -284,6 +284,39 @@ class OwnThreadDiesOnUnknownCode(OwnThreadServer):
 
 # -- implementations and the catalog ---------------------------------------------
 
+class ZapAllowsEveryoneServer(ControlServer):
+    """Its ZAP handler answers 200 to every CURVE client: anyone who knows the server's
+    public key is served."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._zap is not None:
+            self._zap._policy = lambda client_key, address: True  # MUTATION: allow all
+
+
+class PlainAfterRebuildClient(ControlClient):
+    """Only its first socket is a CURVE client: a lazy-pirate rebuild connects in
+    plaintext, to whatever listens on the endpoint."""
+
+    def _secure(self, sock: zmq.Socket[bytes]) -> None:
+        if self.rebuilds == 0:
+            super()._secure(sock)
+        # MUTATION: a rebuilt socket gets no CURVE options
+
+
+class NoReceiveLimitServer(ControlServer):
+    """Binds without ZMQ_MAXMSGSIZE: a raw peer announcing a huge frame makes libzmq
+    buffer every byte it sends."""
+
+    def __init__(self, endpoint: str, handlers: Mapping[str, Handler] | None = None,
+                 **kwargs: Any) -> None:
+        kwargs["max_message_bytes"] = -1  # MUTATION: no receive limit
+        super().__init__(endpoint, handlers, **kwargs)
+
+
+NO_RECEIVE_LIMIT = ControlImplementation(server=NoReceiveLimitServer, client=ControlClient)
+ZAP_ALLOWS_EVERYONE = ControlImplementation(server=ZapAllowsEveryoneServer, client=ControlClient)
+PLAIN_AFTER_REBUILD = ControlImplementation(server=ControlServer, client=PlainAfterRebuildClient)
 NO_PING = ControlImplementation(server=NoPingServer, client=ControlClient)
 SILENT_ON_UNKNOWN = ControlImplementation(server=SilentOnUnknownServer, client=ControlClient)
 HANDLER_EXCEPTION_KILLS_LOOP = ControlImplementation(server=RaisingHandlerKillsLoopServer,
@@ -361,4 +394,12 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("ctl_blocking_reply_send", "BLOCKING_REPLY",
        "ROUTER_MANDATORY with a blocking send: a client that stops reading stalls the server",
        "ctl-blocking-reply", "CTL-7"),
+    _m("ctl_zap_allows_everyone", "ZAP_ALLOWS_EVERYONE",
+       "the server's ZAP handler allows every client key", "zap-allows-everyone", "CTL-8"),
+    _m("ctl_plain_after_rebuild", "PLAIN_AFTER_REBUILD",
+       "the client drops CURVE when it rebuilds its socket after a timeout",
+       "curve-dropped-on-reconnect", "CTL-8"),
+    _m("ctl_no_receive_limit", "NO_RECEIVE_LIMIT",
+       "the server binds without ZMQ_MAXMSGSIZE: a stranger's announced 1 GiB frame is "
+       "buffered byte by byte", "unbounded-receive-buffer", "CTL-9"),
 )

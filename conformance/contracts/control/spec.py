@@ -53,6 +53,8 @@ class ControlCapabilities:
     request_codes: Mapping[str, int] = field(default_factory=dict)
     results: Mapping[str, str] = field(default_factory=dict)
     added_handlers: bool = True
+    #: Server and client take the CURVE keywords of :mod:`conformance.testing.credentials` (CTL-8).
+    authentication: bool = False
 
     def codes(self) -> dict[str, int]:
         """The lmcache-mq code table: the suite's reserved codes, the reference's, the declared."""
@@ -69,7 +71,7 @@ class ControlCapabilities:
         from conformance.contracts.control.wire import RESULT_TYPES, profile
 
         known = {"request_types", "head_of_line", "wire", "request_codes", "results",
-                 "added_handlers"}
+                 "added_handlers", "authentication"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"{origin}: unknown capability {unknown[0]!r}; known: "
@@ -101,8 +103,12 @@ class ControlCapabilities:
         added = values.get("added_handlers", True)
         if not isinstance(added, bool):
             raise ConfigError(f"{origin}: added_handlers must be true or false")
+        authentication = values.get("authentication", False)
+        if not isinstance(authentication, bool):
+            raise ConfigError(f"{origin}: authentication must be true or false")
         caps = cls(request_types=dict(types), head_of_line=hol, wire=wire,
-                   request_codes=dict(codes), results=dict(results), added_handlers=added)
+                   request_codes=dict(codes), results=dict(results), added_handlers=added,
+                   authentication=authentication)
         if wire == "lmcache-mq":
             missing = sorted(set(caps.request_types) - set(caps.codes()))
             if missing:

@@ -5,12 +5,13 @@ An engine publishes KV-cache lifecycle events (``BlockStored``,
 from 0, and answers replay requests on a ROUTER; KV-aware routers consume
 them (DESIGN.md, "KV-event stream"). Two contracts, one package each:
 
-- :mod:`.publisher`: the publisher is under test (EVT-1..8); the suite plays
+- :mod:`.publisher`: the publisher is under test (EVT-1..9); the suite plays
   subscribers and replay clients with raw sockets;
-- :mod:`.subscriber`: the consumer is under test (EVS-1..7); the suite plays
+- :mod:`.subscriber`: the consumer is under test (EVS-1..9); the suite plays
   a publisher, also a hostile or restarting one.
 
-:mod:`.spec` pairs a factory with the capabilities it declares. The public
+:mod:`.spec` pairs a factory with the capabilities it declares (the wire
+profile among them: :mod:`reference_impl.kv_events.wire`). The public
 wire schema and the reference implementations are in
 :mod:`reference_impl.kv_events`.
 """

@@ -35,9 +35,11 @@ SUBSCRIBER: Final = "kv-events-subscriber"
 PUBLISHER_OPTIONS: Final = (
     "buffer_steps", "max_queue", "shutdown_timeout_ms", "replay_stall_timeout_ms",
     "data_parallel_rank", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
+    "curve_server_secret_key", "curve_allowed_client_keys",
 )
 #: Keyword arguments a subscriber driver may list in ``options``.
-SUBSCRIBER_OPTIONS: Final = ("replay_timeout_ms", "heartbeat_ivl_ms", "heartbeat_timeout_ms")
+SUBSCRIBER_OPTIONS: Final = ("replay_timeout_ms", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
+                              "curve_client_secret_key", "curve_server_key")
 
 PUBLISHER_ERRORS: ErrorTable = {
     "closed": lambda message, error: PublisherClosedError(message),

@@ -11,7 +11,15 @@ the suite passes its own values to make the clauses fast: ``buffer_steps``
 (a short retention, so EVT-4 reaches past it; a long one for EVT-5),
 ``max_queue`` (a small queue, so EVT-3 fills it; only in that test),
 ``shutdown_timeout_ms`` (EVT-7's bound), ``replay_stall_timeout_ms`` and
-``data_parallel_rank`` (EVT-8).
+``data_parallel_rank`` (EVT-8), and the declared wire profile as
+``replay_layout`` and ``encoding`` (so a reference that speaks several
+profiles speaks the declared one).
+
+Wire profiles (:mod:`reference_impl.kv_events.wire`) are three
+capabilities: ``wire`` (the replay layout, ``seq-payload`` by default or
+``topic-seq-payload``; a subscriber may also declare ``both``, its
+default), ``encoding`` (``map``, ``array`` or ``array-map``) and ``schema``
+(``base`` or a ``vllm-X.Y`` version).
 """
 
 from __future__ import annotations
@@ -20,9 +28,17 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final, cast
 
 from conformance.errors import ConfigError
+from reference_impl.kv_events.wire import (
+    ENCODINGS,
+    REPLAY_LAYOUTS,
+    SCHEMAS,
+    ReplayLayout,
+    WireEncoding,
+    WireProfile,
+)
 
 __all__ = [
     "CAPABILITIES_ATTRIBUTE",
@@ -35,7 +51,12 @@ __all__ = [
 ]
 
 CAPABILITIES_ATTRIBUTE: Final = "zmq_conformance_capabilities"
-ENCODINGS: Final = ("map", "array")
+#: What a subscriber may declare as ``wire``: a layout it reads, or both (the default).
+SUBSCRIBER_WIRES: Final[tuple[str, ...]] = ("both", *REPLAY_LAYOUTS)
+_CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "encoding": ENCODINGS,
+    "schema": tuple(SCHEMAS),
+}
 
 #: Retention the suite asks of a publisher that takes ``buffer_steps``.
 SUITE_BUFFER_STEPS: Final = 64
@@ -47,6 +68,7 @@ SUITE_REPLAY_STALL_TIMEOUT_MS: Final = 1000
 
 def _check(cls: type[Any], values: Mapping[str, Any], origin: str) -> dict[str, Any]:
     """Reject unknown or mistyped fields of capability dataclass ``cls`` by name."""
+    choices = dict(_CHOICES, wire=getattr(cls, "WIRES", REPLAY_LAYOUTS))
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -64,9 +86,9 @@ def _check(cls: type[Any], values: Mapping[str, Any], origin: str) -> dict[str, 
         elif kind.startswith("int"):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{origin}: capability {name!r} must be a positive integer")
-        elif name == "encoding" and value not in ENCODINGS:
+        elif name in choices and value not in choices[name]:
             raise ConfigError(
-                f"{origin}: capability 'encoding' must be one of {', '.join(ENCODINGS)}, "
+                f"{origin}: capability {name!r} must be one of {', '.join(choices[name])}, "
                 f"not {value!r}"
             )
         checked[name] = value
@@ -78,8 +100,13 @@ class PublisherCapabilities:
     """What a KV-event publisher declares beyond ``publish()`` and ``shutdown()``.
 
     Attributes:
-        encoding: ``map`` (vLLM's publisher) or ``array`` payloads; a
-            mismatch fails EVT-1 naming the first field that differs.
+        encoding: ``map``, ``array`` (vLLM 0.9 to 0.23) or ``array-map``
+            (vLLM 0.24 and later) payloads. A publisher none of whose
+            batches decodes under it is reported as a profile mismatch.
+        wire: the replay layout, ``seq-payload`` (vLLM before 0.26) or
+            ``topic-seq-payload`` (vLLM 0.26 and later); EVT-9 checks it.
+        schema: the schema version (``base``, ``vllm-0.9`` ... ``vllm-0.33``);
+            EVT-9 checks every batch has exactly its fields.
         buffer_steps: how many batches it retains for replay. Needed for the
             retention edge of EVT-4 unless the factory takes ``buffer_steps``
             (the suite then passes its own). ``None``: that part is skipped and
@@ -95,13 +122,20 @@ class PublisherCapabilities:
         shutdown_timeout_ms: the bound EVT-7 allows ``shutdown()`` (the suite
             passes its own when the factory takes ``shutdown_timeout_ms``);
             default 5000 ms.
+        authentication: the factory takes the CURVE server keywords of
+            :mod:`conformance.testing.credentials` and lets in no other client (EVT-10).
     """
 
+    WIRES: ClassVar[tuple[str, ...]] = REPLAY_LAYOUTS
+
     encoding: str = "map"
+    wire: str = "seq-payload"
+    schema: str = "base"
     buffer_steps: int | None = None
     data_parallel: bool | None = None
     heartbeat_configurable: bool | None = None
     shutdown_timeout_ms: int | None = None
+    authentication: bool | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> PublisherCapabilities:
@@ -110,11 +144,19 @@ class PublisherCapabilities:
 
 @dataclass(frozen=True)
 class SubscriberCapabilities:
-    """What a KV-event consumer declares (see :mod:`.subscriber.peer`)."""
+    """What a KV-event consumer declares (see :mod:`.subscriber.peer`): its
+    ``encoding`` and ``schema`` (what the suite's publisher sends it), and the
+    replay layout it reads (``wire``: ``both``, the default, or one of them)."""
+
+    WIRES: ClassVar[tuple[str, ...]] = SUBSCRIBER_WIRES
 
     encoding: str = "map"
+    wire: str = "both"
+    schema: str = "base"
     replay_timeout_ms: int | None = None
     heartbeat_configurable: bool | None = None
+    #: The factory takes the CURVE client keywords and refuses other publishers (EVS-10).
+    authentication: bool | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> SubscriberCapabilities:
@@ -132,6 +174,15 @@ def accepts(factory: Callable[..., Any], name: str) -> bool:
     )
 
 
+def _takes(factory: Callable[..., Any], name: str) -> bool:
+    """True when ``factory`` names keyword ``name`` (``**kwargs`` does not count: the
+    profile keywords go only to factories that say they understand them)."""
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class PublisherSpec:
     """The publisher under test: its factory and what it declares."""
@@ -141,8 +192,14 @@ class PublisherSpec:
     capabilities: PublisherCapabilities = field(default_factory=PublisherCapabilities)
 
     @property
-    def encoding(self) -> str:
-        return self.capabilities.encoding
+    def encoding(self) -> WireEncoding:
+        return cast(WireEncoding, self.capabilities.encoding)
+
+    @property
+    def profile(self) -> WireProfile:
+        """The declared wire profile (replay layout, encoding, schema version)."""
+        caps = self.capabilities
+        return WireProfile(cast(ReplayLayout, caps.wire), self.encoding, caps.schema)
 
     @property
     def buffer_steps(self) -> int | None:
@@ -175,6 +232,10 @@ class PublisherSpec:
         ):
             if accepts(self.factory, name):
                 kwargs[name] = value
+        for keyword, declared in (("replay_layout", self.capabilities.wire),
+                                  ("encoding", self.capabilities.encoding)):
+            if _takes(self.factory, keyword):
+                kwargs[keyword] = declared
         kwargs.update({k: v for k, v in overrides.items() if accepts(self.factory, k)})
         if rank is not None:
             kwargs["data_parallel_rank"] = rank

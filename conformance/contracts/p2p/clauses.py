@@ -211,5 +211,13 @@ CLAUSES: Final[dict[str, Clause]] = clause_table(
         "Where an implementation declares authentication (CURVE), peers without the right "
         "key get no message through.",
     ),
+    Clause(
+        "SEC-3",
+        "hostile bytes below ZeroMQ are harmless",
+        "Raw TCP peers sending random or truncated ZMTP greetings, NULL and CURVE handshakes "
+        "with garbage commands, and frames announced past the receive limit (MAXMSGSIZE) "
+        "neither crash nor stall the node, never become connections, and cost bounded memory; "
+        "honest peers are served throughout.",
+    ),
 )
 

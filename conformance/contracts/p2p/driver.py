@@ -31,7 +31,10 @@ __all__ = ["OPTIONS", "DriverConnection", "DriverTransport", "TransportFactory"]
 
 CONTRACT: Final = "p2p"
 #: Keyword arguments a p2p driver may list in ``options``.
-OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms")
+#: The CURVE keywords of :mod:`conformance.testing.credentials` (SEC-2).
+CURVE_OPTIONS: Final = ("curve_server_secret_key", "curve_allowed_client_keys",
+                        "curve_client_secret_key", "curve_server_key")
+OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms", *CURVE_OPTIONS)
 
 ERRORS: ErrorTable = {
     "duplicate": lambda message, error: DuplicateConnectionError(message),
@@ -55,6 +58,9 @@ class TransportFactory:
         self.hello = hello
         self.zmq_conformance_capabilities = dict(hello.capabilities)
         self.options = tuple(o for o in hello.options if o in OPTIONS)
+        if not set(CURVE_OPTIONS) <= set(self.options):
+            # Authentication is checked only where the keys can reach the implementation.
+            self.zmq_conformance_capabilities["authentication"] = False
         self.__signature__ = signature(("local_id", "host", "port"), self.options)
 
     def __call__(self, local_id: str, host: str, port: int, **kwargs: Any) -> DriverTransport:

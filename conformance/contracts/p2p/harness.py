@@ -51,6 +51,7 @@ from hypothesis.control import currently_in_test_context
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked
 from conformance.supervision import cleanup, watchdog
+from conformance.testing.credentials import SuiteCredentials
 from conformance.testing.net import HOST, free_port, is_address_in_use
 
 __all__ = [
@@ -464,13 +465,17 @@ class Cluster:
     """
 
     def __init__(
-        self, spec: TransportSpec, *, host: str = HOST, call_limit: float | None = None
+        self, spec: TransportSpec, *, host: str = HOST, call_limit: float | None = None,
+        credentials: SuiteCredentials | None = None,
     ) -> None:
         self.spec = spec
         self.host = host
         self.call_limit = call_limit
+        #: CURVE keys every node gets (``None``: authentication off).
+        self.credentials = credentials
         self.nodes: list[Node] = []
         self._build_options: dict[int, dict[str, int]] = {}
+        self._node_credentials: dict[int, SuiteCredentials | None] = {}
 
     # -- building ---------------------------------------------------------
 
@@ -488,8 +493,10 @@ class Cluster:
         8 times) when binding fails with ``EADDRINUSE``. ``local_id``
         defaults to :meth:`_advertise` (``"host:port"`` here); pass the
         proxy's address when a proxy sits in front of the node. ``options``
-        are heartbeat overrides handed to :meth:`TransportSpec.build`.
+        are heartbeat overrides handed to :meth:`TransportSpec.build`. The node
+        gets the cluster's :attr:`credentials` (see :meth:`add_node_as`).
         """
+        keys = self.credentials
         label = name or f"node{next(_names)}"
         attempts = 1 if port is not None else _BIND_ATTEMPTS
         last: BaseException | None = None
@@ -497,7 +504,7 @@ class Cluster:
             chosen = port if port is not None else free_port(self.host)
             ident = local_id or self._advertise(label, chosen)
             try:
-                transport = self._build(label, ident, chosen, options)
+                transport = self._build(label, ident, chosen, options, keys)
             except BaseException as exc:
                 if local_id is None:
                     self._withdraw(ident)
@@ -510,6 +517,7 @@ class Cluster:
             node = Node(label, host=self.host, port=chosen, local_id=ident, transport=transport)
             self.nodes.append(node)
             self._build_options[id(node)] = dict(options)
+            self._node_credentials[id(node)] = keys
             return node
         raise AssertionError(
             f"could not bind node {label!r} after {attempts} attempt(s): {last!r}"
@@ -526,8 +534,23 @@ class Cluster:
     def _withdraw(self, local_id: str) -> None:
         """Undo :meth:`_advertise` for a node that failed to bind (nothing to undo here)."""
 
+    def add_node_as(self, credentials: SuiteCredentials, name: str) -> Node:
+        """:meth:`add_node` with other keys than the cluster's (a stranger, SEC-2)."""
+        saved, self.credentials = self.credentials, credentials
+        try:
+            return self.add_node(name)
+        finally:
+            self.credentials = saved
+
+    def restart_as(self, node: Node, credentials: SuiteCredentials) -> Node:
+        """:meth:`restart` with new keys: the node comes back with another identity."""
+        self._node_credentials[id(node)] = credentials
+        return self.restart(node)
+
     def restart(self, node: Node) -> Node:
         """Close ``node``'s transport and build a new one on the same port and ``local_id``.
+
+        The new transport gets the keys the node had (see :meth:`restart_as`).
 
         Binding is retried for up to 3 s while the old listener is still being
         released. The same :class:`Node` is returned with a new transport, an
@@ -536,10 +559,11 @@ class Cluster:
         if not node.closed:
             node.close()
         options = self._build_options.get(id(node), {})
+        keys = self._node_credentials.get(id(node), self.credentials)
         deadline = time.monotonic() + _REBIND_WINDOW_S
         while True:
             try:
-                transport = self._build(node.name, node.local_id, node.port, options)
+                transport = self._build(node.name, node.local_id, node.port, options, keys)
                 break
             except CallBlocked:
                 raise
@@ -555,10 +579,13 @@ class Cluster:
         node._wrappers = {}
         return node
 
-    def _build(self, label: str, local_id: str, port: int, options: dict[str, int]) -> Any:
+    def _build(self, label: str, local_id: str, port: int, options: dict[str, int],
+               credentials: SuiteCredentials | None = None) -> Any:
         with watchdog.guard(f"factory({local_id!r}, {self.host!r}, {port}) for {label}",
                             self.call_limit):
-            return self.spec.build(local_id, self.host, port, **options)
+            if credentials is None:
+                return self.spec.build(local_id, self.host, port, **options)
+            return self.spec.build(local_id, self.host, port, credentials, **options)
 
     # -- driving ----------------------------------------------------------
 

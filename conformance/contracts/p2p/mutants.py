@@ -117,6 +117,16 @@ FAILURE_MODES: Final[dict[str, FailureMode]] = _modes(
     FailureMode("bounded-queue-abort",
                 "a bounded receive queue under ZMTP heartbeats: a peer that fills it and "
                 "resets makes libzmq 4.3 abort the process (!_io_error)"),
+    FailureMode("curve-after-bind",
+                "CURVE options set after bind()/connect(), where libzmq no longer applies them"),
+    FailureMode("zap-allows-everyone",
+                "a ZAP handler that allows every client key"),
+    FailureMode("keys-logged",
+                "secret keys written to logs, reprs or reports"),
+    FailureMode("curve-dropped-on-reconnect",
+                "authentication dropped on a socket rebuilt after a reconnect"),
+    FailureMode("unbounded-receive-buffer",
+                "no receive limit, so a raw peer that announces a huge frame costs memory"),
     FailureMode("heartbeat-partially-applied",
                 "HEARTBEAT_IVL set without TIMEOUT/TTL, so the timeout silently equals the "
                 "interval"),
@@ -280,6 +290,25 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "libzmq's default receive high-water mark (1,000) on heartbeated sockets: a peer "
        "that fills the queue and vanishes aborts the process",
        "bounded-queue-abort", "SEC-1", isolate=True),
+    # -- authentication
+    _m("curve_set_after_bind", "CurveSetAfterBind",
+       "the ROUTER's CURVE server options are set after bind(): plain peers get in",
+       "curve-after-bind", "SEC-2"),
+    _m("zap_allows_everyone", "ZapAllowsEveryone",
+       "the ZAP handler allows every client key: any CURVE peer that knows the server key "
+       "gets in",
+       "zap-allows-everyone", "SEC-2"),
+    _m("curve_keys_logged", "CurveKeysLogged",
+       "the CURVE secret keys are logged at DEBUG when the transport starts",
+       "keys-logged", "SEC-2"),
+    _m("curve_dropped_after_reconnect", "CurveDroppedAfterReconnect",
+       "a reconnect's DEALER is plain: the peer's CURVE ROUTER refuses it and messages "
+       "after the reconnect are lost",
+       "curve-dropped-on-reconnect", "SEC-2"),
+    _m("no_receive_limit", "NoReceiveLimit",
+       "no ZMQ_MAXMSGSIZE on the ROUTER: frames announced past the limit are buffered byte "
+       "by byte (poll() still drops them once whole)",
+       "unbounded-receive-buffer", "SEC-3"),
     # -- heartbeats under faults (chaos)
     _m("heartbeat_not_applied", "HeartbeatNotApplied",
        "no ZMTP heartbeat option on any socket",

@@ -22,10 +22,13 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.config.loading import load_factory
 from conformance.errors import ConfigError
+
+if TYPE_CHECKING:
+    from conformance.testing.credentials import SuiteCredentials
 
 #: Heartbeat values the suite passes to configurable transports: short enough
 #: that the heartbeat clauses run in seconds, long enough that a loaded CI
@@ -54,7 +57,9 @@ class Capabilities:
             a transport that cannot be configured; the heartbeat clauses are
             skipped when these are unknown.
         authentication: the transport authenticates peers (CURVE); enables
-            SEC-2. Declaring it obliges the transport to reject strangers.
+            SEC-2. Declaring it obliges the transport to reject strangers, and
+            its factory to take the CURVE keywords of
+            :mod:`conformance.testing.credentials` (the suite passes fresh keys).
         detects_peer_close_ms: the bound within which a closed peer is
             marked dead (POLL-5). Defaults to a generous 5 s.
     """
@@ -119,21 +124,30 @@ class TransportSpec:
             return SUITE_HEARTBEAT_TIMEOUT_MS
         return self.capabilities.heartbeat_timeout_ms
 
-    def build(self, local_id: str, host: str, port: int, **overrides: int) -> Any:
+    def build(self, local_id: str, host: str, port: int,
+              credentials: SuiteCredentials | None = None, /, **overrides: int) -> Any:
         """Build one node; configurable transports get the suite's heartbeats.
 
         ``overrides`` replaces individual heartbeat values (only meaningful
-        for configurable transports).
+        for configurable transports). ``credentials`` turns CURVE on: the
+        node gets the keyword arguments of :mod:`conformance.testing.credentials`
+        (only for a transport that declares ``authentication``).
         """
+        keys: dict[str, Any] = {}
+        if credentials is not None:
+            if not self.capabilities.authentication:
+                raise ConfigError(f"{self.name}: credentials given to a transport that does not "
+                                  "declare authentication")
+            keys = credentials.node_kwargs()
         if not self.heartbeat_configurable:
-            return self.factory(local_id, host, port)
+            return self.factory(local_id, host, port, **keys)
         heartbeats = {
             "heartbeat_ivl_ms": SUITE_HEARTBEAT_IVL_MS,
             "heartbeat_timeout_ms": SUITE_HEARTBEAT_TIMEOUT_MS,
             "heartbeat_ttl_ms": SUITE_HEARTBEAT_TTL_MS,
         }
         heartbeats.update(overrides)
-        return self.factory(local_id, host, port, **heartbeats)
+        return self.factory(local_id, host, port, **heartbeats, **keys)
 
 
 def accepts_heartbeat_kwargs(factory: Callable[..., Any]) -> bool:

@@ -37,6 +37,7 @@ endpoint override its ``_attach_monitor`` hook.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import threading
@@ -72,6 +73,9 @@ __all__ = [
     "CloseLeaksContext",
     "CloseLeaksMonitor",
     "CloseNeverReturns",
+    "CurveDroppedAfterReconnect",
+    "CurveKeysLogged",
+    "CurveSetAfterBind",
     "DisconnectDebounced",
     "DropsFirstSendAfterReconnect",
     "DropsLargeMessagesUndeclared",
@@ -95,6 +99,7 @@ __all__ = [
     "MarkDeadIsLazy",
     "MonitorEndpointFromFd",
     "MonitorEndpointPerPeer",
+    "NoReceiveLimit",
     "NoRouterHandover",
     "NonDictPayloadDelivered",
     "OversizeCrashesPoll",
@@ -112,6 +117,7 @@ __all__ = [
     "TrustsColonInIdentity",
     "UnboundedPollBatch",
     "UndecodablePayloadRaises",
+    "ZapAllowsEveryone",
 ]
 
 #: A receive limit so large it never triggers (ZMQ_MAXMSGSIZE is an int64).
@@ -922,3 +928,68 @@ class NoRouterHandover(ZmqTransport):
 
     def _routing_id(self) -> bytes:
         return self.local_id.encode()  # the plain shape's identity, reused by every DEALER
+
+
+# -- authentication (SEC-2) ---------------------------------------------------------
+
+
+class CurveSetAfterBind(ZmqTransport):
+    """The ROUTER's CURVE server options are set after ``bind()``, where libzmq ignores
+    them: the listener accepts plain peers (DEALERs are still CURVE clients)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._curve_server is not None:
+            self._curve_server.apply(self._router)  # MUTATION: after bind()
+
+    def _secure_router(self, router: zmq.Socket[bytes]) -> None:
+        pass  # MUTATION: nothing before bind()
+
+
+class ZapAllowsEveryone(ZmqTransport):
+    """The ZAP handler answers 200 to every CURVE client: anyone who knows the server's
+    public key gets in."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._zap is not None:
+            self._zap._policy = lambda client_key, address: True  # MUTATION: allow all
+
+
+class CurveKeysLogged(ZmqTransport):
+    """The configuration, secret keys included, is logged at DEBUG when CURVE is on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._curve_server is not None and self._curve_client is not None:
+            logging.getLogger("reference_impl").debug(
+                "CURVE on: server secret %s, client secret %s",  # MUTATION: keys logged
+                self._curve_server.secret_key.decode(), self._curve_client.secret_key.decode())
+
+
+class CurveDroppedAfterReconnect(ZmqTransport):
+    """Only the first DEALER to each peer is a CURVE client; a reconnect (CONN-3) opens a
+    plain one, which the peer's CURVE ROUTER refuses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._secured_peers: set[str] = set()
+        super().__init__(*args, **kwargs)
+
+    def _open_dealer(self, peer_id: str) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
+        self._next_peer = peer_id
+        return super()._open_dealer(peer_id)
+
+    def _secure_dealer(self, dealer: zmq.Socket[bytes]) -> None:
+        if self._next_peer in self._secured_peers:
+            return  # MUTATION: a reconnect's DEALER is plain
+        self._secured_peers.add(self._next_peer)
+        super()._secure_dealer(dealer)
+
+
+class NoReceiveLimit(ZmqTransport):
+    """No ZMQ_MAXMSGSIZE on the ROUTER (oversize messages are still dropped by poll()):
+    a raw peer announcing a huge frame makes libzmq buffer every byte it sends."""
+
+    def _secure_router(self, router: zmq.Socket[bytes]) -> None:
+        router.setsockopt(zmq.MAXMSGSIZE, -1)  # MUTATION: no receive limit
+        super()._secure_router(router)

@@ -1,6 +1,7 @@
-"""The clauses of the ``kv-events-publisher`` contract (EVT-1 .. EVT-8).
+"""The clauses of the ``kv-events-publisher`` contract (EVT-1 .. EVT-9).
 
-Texts follow DESIGN.md, "KV-event stream". IDs never change meaning.
+Texts follow DESIGN.md, "KV-event stream" and "Wire profiles". IDs never
+change meaning.
 """
 
 from __future__ import annotations
@@ -62,5 +63,29 @@ CLAUSES: Final[dict[str, Clause]] = clause_table(
         "data-parallel ranks do not collide",
         "Publishers of several data-parallel ranks on one host, with the endpoints they "
         "derive from one configuration, all start and each serves its own stream.",
+    ),
+    Clause(
+        "EVT-9",
+        "the declared wire profile is exact",
+        "The declared replay layout and schema version are exact: every replay answer and "
+        "end marker has the declared layout, and every batch has every field the declared "
+        "schema version requires, each field typed as specified, and no field the version "
+        "does not define.",
+    ),
+    Clause(
+        "EVT-10",
+        "strangers get no batch and no replay",
+        "Where the publisher declares authentication (CURVE), a subscriber or replay client "
+        "without an allowed key receives nothing, neither live batches nor replays, while "
+        "authenticated peers are served as usual; no secret key appears in its logs or "
+        "reprs.",
+    ),
+    Clause(
+        "EVT-11",
+        "hostile bytes on its ports are harmless",
+        "Raw TCP peers sending random or truncated ZMTP greetings, NULL and CURVE handshakes "
+        "with garbage commands, and frames announced past any receive limit, on the PUB and "
+        "the replay port, neither stop publishing nor starve readers and replays, and cost "
+        "bounded memory.",
     ),
 )

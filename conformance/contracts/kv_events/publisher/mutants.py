@@ -214,12 +214,82 @@ class RankEndpointsCollide(KVEventPublisher):
         self.data_parallel_rank = data_parallel_rank
 
 
+class OmitsNullMedium(KVEventPublisher):
+    """Leaves ``medium`` out of an event when it is ``None`` (a struct whose required
+    field got a ``None`` default, with ``omit_defaults``): a consumer of the declared
+    schema, where ``medium`` is required, cannot decode those events."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._encode = _encode_without_null_medium  # MUTATION
+
+
+def _encode_without_null_medium(batch: KVEventBatch) -> bytes:
+    data = msgspec.to_builtins(batch, builtin_types=(bytes,))
+    for event in data["events"]:
+        if "medium" in event and event["medium"] is None:
+            del event["medium"]  # MUTATION: a required field left out
+    return msgspec.msgpack.encode(data)
+
+
+_TOPIC_LAYOUT: Final = {**KVEventPublisher.zmq_conformance_capabilities,
+                        "wire": "topic-seq-payload"}
+
+
+class ReplayTopicFrameEmpty(KVEventPublisher):
+    """Declares the ``topic-seq-payload`` layout but answers replays with an empty
+    topic frame (the replay buffer never stored the topic): a consumer that routes
+    replayed batches by topic cannot."""
+
+    zmq_conformance_capabilities = _TOPIC_LAYOUT  # type: ignore[misc]
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *,
+                 replay_layout: Any = "topic-seq-payload", **kwargs: Any) -> None:
+        super().__init__(endpoint, replay_endpoint, replay_layout=replay_layout, **kwargs)
+        if self._replay_prefix:
+            self._replay_prefix = (b"",)  # MUTATION: the topic frame is empty
+
+
+class EndMarkerOldLayout(KVEventPublisher):
+    """Declares the ``topic-seq-payload`` layout but ends replays with the old
+    layout's end marker ``[b"", -1, b""]``: a consumer reading three frames after
+    the delimiter never sees the end of its replay."""
+
+    zmq_conformance_capabilities = _TOPIC_LAYOUT  # type: ignore[misc]
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *,
+                 replay_layout: Any = "topic-seq-payload", **kwargs: Any) -> None:
+        super().__init__(endpoint, replay_endpoint, replay_layout=replay_layout, **kwargs)
+        self._end_prefix = ()  # MUTATION: no empty topic frame in the end marker
+
+
 def _plus(endpoint: str, offset: int) -> str:
     base, _, port = endpoint.rpartition(":")
     return f"{base}:{int(port) + offset}"
 
 
 _BASE: Final = "reference_impl.kv_events.publisher:KVEventPublisher"
+class CurvePubOnly(KVEventPublisher):
+    """CURVE server options on the PUB socket only: the replay ROUTER stays plain, so any
+    stranger replays the whole retained stream (and a CURVE replay client is refused)."""
+
+    def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
+        sock = super()._socket(kind, ivl_ms, timeout_ms)
+        if kind == zmq.ROUTER:
+            sock.setsockopt(zmq.CURVE_SERVER, 0)  # MUTATION: the replay ROUTER is plain
+        return sock
+
+
+class NoReceiveLimit(KVEventPublisher):
+    """No ZMQ_MAXMSGSIZE on its sockets (vLLM's publisher sets none): a raw peer that
+    announces a huge frame makes libzmq buffer every byte it sends."""
+
+    def _socket(self, kind: int, ivl_ms: int, timeout_ms: int) -> zmq.Socket[bytes]:
+        sock = super()._socket(kind, ivl_ms, timeout_ms)
+        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # MUTATION: no receive limit
+        return sock
+
+
 _M: Final = "conformance.contracts.kv_events.publisher.mutants"
 
 
@@ -249,4 +319,16 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "shutdown() discards the queued batches silently", "EVT-7"),
     _m("evt_rank_endpoints_collide", "RankEndpointsCollide",
        "rank endpoints add the rank to both ports, so ranks 0 and 1 collide", "EVT-8"),
+    _m("evt_curve_pub_only", "CurvePubOnly",
+       "CURVE on the PUB socket only: the replay ROUTER is plain and replays to strangers",
+       "EVT-10"),
+    _m("evt_no_receive_limit", "NoReceiveLimit",
+       "no receive limit on the PUB and replay sockets: a stranger's announced 1 GiB frame "
+       "is buffered byte by byte", "EVT-11"),
+    _m("evt_omits_null_medium", "OmitsNullMedium",
+       "events leave out the required field medium when it is None", "EVT-9"),
+    _m("evt_replay_topic_frame_empty", "ReplayTopicFrameEmpty",
+       "topic-seq-payload replay answers carry an empty topic frame", "EVT-9"),
+    _m("evt_end_marker_old_layout", "EndMarkerOldLayout",
+       "topic-seq-payload replays end with the seq-payload end marker", "EVT-9"),
 )

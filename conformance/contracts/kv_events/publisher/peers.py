@@ -6,11 +6,21 @@ pyzmq sockets, so it needs nothing of the publisher but ``publish()`` and
 
 - :class:`Sub`: a SUB socket subscribed to the topic, reading (or stalled);
 - :class:`ReplayClient`: a DEALER that sends ``[b"", start]`` as a REQ
-  socket would and reads ``[b"", seq, payload]`` answers up to the end
-  marker;
+  socket would and reads answers in either replay layout up to the end
+  marker (EVT-9 judges the layout; every other clause reads both);
 - :class:`Rig`: one publisher under test on fresh ports, the model of what
   it published (seq ``i`` of this incarnation carries the ``i``-th batch that
   could be encoded), and the checks every clause test shares.
+
+Clauses are judged independently where they can be: only EVT-1 compares
+payloads with what was published; the others identify a batch by its
+unique ``ts`` and compare a replay with the payloads the PUB socket sent
+under the same seqs, so an EVT-1 defect (a publisher that stamps its own
+``data_parallel_rank``, a seq offset) leaves their verdicts intact.
+
+A failure of the suite's own peers (a send that cannot go out, ports the
+harness cannot bind) is a run error, never the publisher's verdict: see
+:func:`run_error`.
 
 Every call into the publisher (the factory, ``publish()``, ``shutdown()``,
 ``stats()``) runs under :mod:`conformance.supervision.watchdog`, so a call that hangs
@@ -25,8 +35,10 @@ import random
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
+import msgspec
+import pytest
 import zmq
 
 from conformance.contracts.kv_events.spec import PublisherSpec
@@ -39,12 +51,32 @@ from reference_impl.kv_events.schema import (
     BlockStored,
     KVEventBatch,
     SchemaError,
-    decode_batch,
-    encode_batch,
     first_difference,
 )
+from reference_impl.kv_events.wire import (
+    ReplayAnswer,
+    WireError,
+    WireProfile,
+    as_batch,
+    decode_payload,
+    encode_payload,
+    parse_replay_answer,
+    restrict,
+)
 
-__all__ = ["HOST", "Message", "ReplayClient", "Rig", "Sub", "free_ports", "make_batch"]
+__all__ = [
+    "HOST",
+    "Message",
+    "ReplayClient",
+    "Rig",
+    "Sub",
+    "decode_as",
+    "endpoint_bound",
+    "free_ports",
+    "make_batch",
+    "run_error",
+    "ts_of",
+]
 
 HOST: Final = "127.0.0.1"
 #: How long the suite waits for something the publisher must do "now".
@@ -55,6 +87,8 @@ _POLL_MS: Final = 5
 Message = tuple[bytes, bytes, bytes]
 
 _stamp = itertools.count(1)
+#: How long a restart waits for endpoints a shutdown() frees asynchronously.
+RESTART_GRACE_S: Final = 2.0
 
 
 def make_batch(events: int = 1, *, tokens: int = 4) -> KVEventBatch:
@@ -103,12 +137,79 @@ def tcp(port: int) -> str:
     return f"tcp://{HOST}:{port}"
 
 
+def run_error(message: str) -> NoReturn:
+    """End the test as an error of the run, not a verdict on the implementation.
+
+    The suite's own peers failed (``message`` says how); the clause is
+    skipped with that reason, so the report never blames the publisher.
+    """
+    pytest.skip(f"Run error, not a verdict on the implementation: {message}.")
+
+
+def endpoint_bound(endpoint: str) -> bool:
+    """Whether something still listens on ``endpoint`` (a fresh socket cannot bind it).
+
+    TCP endpoints are probed with a plain socket set up as libzmq sets up its
+    listeners (``SO_REUSEADDR``, so connections in TIME_WAIT do not count);
+    others with a short-lived ZeroMQ context.
+    """
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("" if host == "*" else host, int(port)))
+        except OSError:
+            return True
+        finally:
+            probe.close()
+        return False
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            return exc.errno == zmq.EADDRINUSE
+        return False
+    finally:
+        ctx.destroy(0)
+
+
+def ts_of(payload: bytes) -> float | None:
+    """The ``ts`` of a payload in any encoding (first field of an array, key of a map)."""
+    try:
+        data = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    ts = data.get("ts") if isinstance(data, dict) else (
+        data[0] if isinstance(data, list) and data else None)
+    return float(ts) if isinstance(ts, float | int) and not isinstance(ts, bool) else None
+
+
+def decode_as(payload: bytes, profile: WireProfile) -> KVEventBatch:
+    """A payload read under ``profile`` as a forward-compatible consumer reads it.
+
+    Raises:
+        SchemaError: it cannot be read so (naming why).
+    """
+    try:
+        batch: KVEventBatch = as_batch(decode_payload(payload, profile))
+    except WireError as exc:
+        raise SchemaError(f"does not decode under {profile.describe()}: {exc}") from None
+    return batch
+
+
 class Sub:
     """A SUB socket on the publisher's endpoint; :meth:`drain` keeps what arrived."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, topic: str, *,
-                 rcvhwm: int = 0) -> None:
+                 rcvhwm: int = 0, secure: Callable[[zmq.Socket[bytes]], None] | None = None
+                 ) -> None:
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
+        if secure is not None:
+            secure(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 10)
@@ -138,16 +239,41 @@ class Sub:
 
 
 class ReplayClient:
-    """A DEALER on the replay endpoint speaking the REQ-shaped protocol."""
+    """A DEALER on the replay endpoint speaking the REQ-shaped protocol.
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, rcvhwm: int = 0) -> None:
+    ``answers`` keeps every answer read (end markers included), in either
+    layout, for EVT-9 to judge.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, rcvhwm: int = 0,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> None:
         self.sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        if secure is not None:
+            secure(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.connect(endpoint)
+        self.answers: list[ReplayAnswer] = []
 
-    def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames, zmq.NOBLOCK)
+    def send(self, frames: list[bytes], *, timeout: float = PATIENCE_S) -> None:
+        """Send one request, waiting up to ``timeout`` for room in the socket's queue.
+
+        A publisher that reads requests slowly (one per poll turn) fills a
+        DEALER's queue under a flood; waiting for it is the suite's job. A
+        queue that stays full is a run error: nothing the contract asks of
+        the publisher says how fast it reads requests.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    run_error(f"the suite's replay client could not send a request for "
+                              f"{timeout:.0f} s (its queue to the publisher stayed full)")
+                self.sock.poll(max(1, int(left * 1000)), zmq.POLLOUT)
 
     def request(self, start: int) -> None:
         self.send([b"", start.to_bytes(SEQ_BYTES, "big", signed=True)])
@@ -171,29 +297,30 @@ class ReplayClient:
             if not self.sock.poll(_POLL_MS):
                 continue
             frames = self.sock.recv_multipart()
-            assert len(frames) == 3 and frames[0] == b"", (
-                f"{clause}: a replay answer is [b'', seq, payload]; got {len(frames)} frames "
-                f"{[f[:16] for f in frames]}"
-            )
-            assert len(frames[1]) == SEQ_BYTES, (
-                f"{clause}: replay seq frame has {len(frames[1])} bytes, not {SEQ_BYTES}"
-            )
-            seq = int.from_bytes(frames[1], "big", signed=True)
-            if frames[1] == END_MARKER_SEQ:
-                assert frames[2] == b"", f"{clause}: the end marker's payload is not empty"
+            try:
+                answer = parse_replay_answer(frames)
+            except WireError as exc:
+                raise AssertionError(f"{clause}: {exc}") from None
+            self.answers.append(answer)
+            seq = answer.seq
+            if answer.is_end:
+                assert answer.payload == b"", (
+                    f"{clause}: the end marker's payload is not empty")
                 return answers, True
             assert seq >= 0, (
-                f"{clause}: replay answer with seq {seq} (frame {frames[1].hex()}): the end "
-                f"marker is -1 as a signed 8-byte integer ({END_MARKER_SEQ.hex()})"
+                f"{clause}: replay answer with seq {seq} (frame {answer.seq_frame.hex()}): the "
+                f"end marker is -1 as a signed 8-byte integer ({END_MARKER_SEQ.hex()})"
             )
             if newest is not None and seq > newest:
                 hint = (" (an empty payload: the end marker written unsigned? It is -1 as a "
-                        f"signed 8-byte integer, {END_MARKER_SEQ.hex()})" if not frames[2] else "")
+                        f"signed 8-byte integer, {END_MARKER_SEQ.hex()})"
+                        if not answer.payload else "")
                 raise AssertionError(
-                    f"{clause}: replay answer with seq {seq} (frame {frames[1].hex()}) after "
-                    f"{len(answers)} answers, but the newest published seq is {newest}{hint}"
+                    f"{clause}: replay answer with seq {seq} (frame {answer.seq_frame.hex()}) "
+                    f"after {len(answers)} answers, but the newest published seq is "
+                    f"{newest}{hint}"
                 )
-            answers.append((seq, frames[2]))
+            answers.append((seq, answer.payload))
             deadline = time.monotonic() + timeout
         return answers, False
 
@@ -205,15 +332,22 @@ class Rig:
     """One publisher under test on fresh ports, its peers, and the model.
 
     ``model`` lists, per seq of the current incarnation, the batch that seq
-    must carry: every batch ``publish()`` accepted that the declared encoding
-    can encode. ``raised`` counts ``publish()`` calls that raised (shedding
-    reported by error). A restart (:meth:`restart`) starts a new incarnation
-    whose seqs count from 0 again.
+    must carry: every batch ``publish()`` accepted that the declared profile
+    can encode (batches are first cut down to the declared schema version,
+    :func:`~reference_impl.kv_events.wire.restrict`). ``raised`` counts
+    ``publish()`` calls that raised (shedding reported by error). A restart
+    (:meth:`restart`) starts a new incarnation whose seqs count from 0 again.
+
+    ``pub_payloads`` maps each seq of this incarnation to the payload a
+    subscriber received under it (see :meth:`observe`); ``offset`` is the
+    publisher's own first seq as observed (0 for a conforming publisher), so
+    replay checks do not depend on EVT-1's numbering.
     """
 
     def __init__(self, spec: PublisherSpec, *, clause: str, topic: str = "kv",
                  **overrides: Any) -> None:
         self.spec = spec
+        self.profile = spec.profile
         self.clause = clause
         self.topic = topic
         self.overrides = overrides
@@ -226,6 +360,9 @@ class Rig:
         #: Time ``publish()`` has cost its caller so far (see :meth:`_caller_time`).
         self.publish_seconds = 0.0
         self.incarnation = 0
+        self.pub_payloads: dict[int, bytes] = {}
+        self.offset: int | None = None
+        self._by_ts: dict[float, int] = {}
         self._encodable_cache: dict[int, tuple[KVEventBatch, bool]] = {}
         try:
             self._start()
@@ -236,29 +373,37 @@ class Rig:
     # -- the publisher -------------------------------------------------------------
 
     def _start(self) -> None:
+        if self.incarnation > 0:  # a restart: the same endpoints, by definition
+            self.publisher = self._build()
+            return
         last: Exception | None = None
         for _ in range(5):
-            if self.incarnation == 0 or last is not None:
-                pub_port, replay_port = free_ports(2)
-                self.endpoint, self.replay_endpoint = tcp(pub_port), tcp(replay_port)
+            pub_port, replay_port = free_ports(2)
+            self.endpoint, self.replay_endpoint = tcp(pub_port), tcp(replay_port)
             try:
-                self.publisher = watchdog.call(
-                    "publisher factory", self.spec.build, self.endpoint, self.replay_endpoint,
-                    topic=self.topic, **self.overrides,
-                )
+                self.publisher = self._build()
                 return
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EADDRINUSE:
                     raise
-                last = exc
-        raise AssertionError(f"{self.clause}: no free ports for the publisher: {last}")
+                last = exc  # another process took a port the suite picked: pick again
+        run_error(f"the harness found no free pair of ports for the publisher in 5 tries "
+                  f"({last})")
+
+    def _build(self) -> Any:
+        return watchdog.call(
+            "publisher factory", self.spec.build, self.endpoint, self.replay_endpoint,
+            topic=self.topic, **self.overrides,
+        )
 
     def publish(self, batch: KVEventBatch, *, track: bool = True) -> bool:
         """``publish()`` under the watchdog; False if it raised (reported shedding).
 
-        ``track=False`` leaves the batch out of the model (a test that expects
-        shedding, where seqs cannot be matched to batches, counts by itself).
+        The batch is first cut down to the declared schema version. ``track=False``
+        leaves it out of the model (a test that expects shedding, where seqs
+        cannot be matched to batches, counts by itself).
         """
+        batch = restrict(batch, self.profile.version)
         started = time.perf_counter()
         try:
             watchdog.call("publish()", self.publisher.publish, batch)
@@ -274,6 +419,7 @@ class Rig:
         if not self._encodable(batch):
             self.unencodable += 1
             return True
+        self._by_ts[batch.ts] = len(self.model)  # the newest with a ts wins
         self.model.append(batch)
         return True
 
@@ -289,9 +435,9 @@ class Rig:
         if known is not None and known[0] is batch:
             return known[1]
         try:
-            encode_batch(batch, self.spec.encoding)  # type: ignore[arg-type]
+            encode_payload(batch, self.profile)
             ok = True
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
             ok = False
         self._encodable_cache[id(batch)] = (batch, ok)
         return ok
@@ -311,22 +457,50 @@ class Rig:
             self.publisher.shutdown()
         return time.monotonic() - started
 
-    def restart(self) -> None:
-        """Shut the publisher down and start a new one on the same endpoints."""
+    def still_bound(self) -> list[str]:
+        """The publisher's endpoints that a fresh socket cannot bind (after shutdown())."""
+        return [e for e in (self.endpoint, self.replay_endpoint) if endpoint_bound(e)]
+
+    def restart(self, *, grace_s: float = RESTART_GRACE_S) -> None:
+        """Shut the publisher down and start a new one on the same endpoints.
+
+        An endpoint freed asynchronously a moment after ``shutdown()`` returned is
+        waited for, up to ``grace_s``: whether the free happens before or after
+        the return is timing, and the machine that restarts must replay the same
+        way every time (EVT-7's own test checks the instant shutdown() returns).
+        An endpoint still bound after the grace fails EVT-7, whatever test
+        restarts: a restarted engine could not bind its configuration.
+        """
         self.shutdown()
+        deadline = time.monotonic() + grace_s
+        bound = self.still_bound()
+        while bound and time.monotonic() < deadline:
+            time.sleep(0.01)
+            bound = self.still_bound()
+        assert not bound, (
+            f"EVT-7: {', '.join(bound)} still bound {grace_s:.0f} s after shutdown() "
+            f"returned: a publisher restarted on the same configuration fails with "
+            f"EADDRINUSE (shutdown() must release its sockets)"
+        )
         self.incarnation += 1
         self.model = []
+        self._by_ts = {}
+        self.pub_payloads = {}
+        self.offset = None
         self._start()
 
     # -- peers ------------------------------------------------------------------------
 
-    def sub(self, *, rcvhwm: int = 0) -> Sub:
-        sub = Sub(self.ctx, self.endpoint, self.topic, rcvhwm=rcvhwm)
+    def sub(self, *, rcvhwm: int = 0,
+            secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> Sub:
+        sub = Sub(self.ctx, self.endpoint, self.topic, rcvhwm=rcvhwm, secure=secure)
         self.peers.append(sub)
         return sub
 
-    def replay_client(self, *, rcvhwm: int = 0) -> ReplayClient:
-        client = ReplayClient(self.ctx, self.replay_endpoint, rcvhwm=rcvhwm)
+    def replay_client(self, *, rcvhwm: int = 0,
+                      secure: Callable[[zmq.Socket[bytes]], None] | None = None
+                      ) -> ReplayClient:
+        client = ReplayClient(self.ctx, self.replay_endpoint, rcvhwm=rcvhwm, secure=secure)
         self.peers.append(client)
         return client
 
@@ -348,16 +522,56 @@ class Rig:
             self.publish(make_batch())
             sub.drain(20)
 
-    def wait_for(self, sub: Sub, seq: int, *, timeout: float = PATIENCE_S,
+    def settle(self, publish: Callable[[], object] | None = None) -> None:
+        """Return once the publisher has sent every batch ``publish()`` accepted.
+
+        ``publish()`` may only queue (vLLM's does); a replay covers what the
+        publisher has *sent*. A fresh subscriber joins (warm-up batches through
+        ``publish``, the rig's own by default) and reads until the newest batch
+        arrived: the stream is FIFO, so everything before it was sent too.
+        """
+        sub = self.sub()
+        try:
+            deadline = time.monotonic() + PATIENCE_S
+            while not sub.got:
+                assert time.monotonic() < deadline, (
+                    f"{self.clause}: a subscriber received nothing of {len(self.model)} "
+                    f"batches published in {PATIENCE_S:.0f} s"
+                )
+                if publish is None:
+                    self.publish(make_batch())
+                else:
+                    publish()
+                sub.drain(20)
+            self.wait_all(sub)
+            self.observe(sub)
+        finally:
+            self.drop(sub)
+
+    def index_of(self, payload: bytes) -> int | None:
+        """The model index of the batch ``payload`` carries, by its unique ``ts``."""
+        ts = ts_of(payload)
+        return None if ts is None else self._by_ts.get(ts)
+
+    def arrived(self, sub: Sub, index: int) -> bool:
+        """Whether ``sub`` got a batch at or past model index ``index`` (by ``ts``)."""
+        for message in reversed(sub.got[-64:]):
+            found = self.index_of(message[2])
+            if found is not None and found >= index:
+                return True
+        return False
+
+    def wait_for(self, sub: Sub, index: int, *, timeout: float = PATIENCE_S,
                  pump: Callable[[], object] | None = None) -> None:
-        """Read ``sub`` until it has a message with seq >= ``seq``."""
+        """Read ``sub`` until it has the batch published as model index ``index``
+        (or a later one), identified by ``ts``, not by seq (EVT-1's business)."""
         deadline = time.monotonic() + timeout
-        while not sub.got or _seq(sub.got[-1][1]) < seq:
+        while not self.arrived(sub, index):
             if time.monotonic() >= deadline:
-                last = _seq(sub.got[-1][1]) if sub.got else None
+                last = self.index_of(sub.got[-1][2]) if sub.got else None
                 raise AssertionError(
-                    f"{self.clause}: seq {seq} never arrived within {timeout:.0f} s "
-                    f"(last seq received: {last}; {len(self.model)} batches published)"
+                    f"{self.clause}: batch #{index} never arrived within {timeout:.0f} s "
+                    f"(last received: #{last}; {len(self.model)} batches published)"
                 )
             if pump is not None:
                 pump()
@@ -367,14 +581,29 @@ class Rig:
         """Read ``sub`` until the last batch of the model arrived."""
         self.wait_for(sub, len(self.model) - 1, **kwargs)
 
+    def observe(self, sub: Sub) -> None:
+        """Learn the payload the PUB socket sent under each seq ``sub`` received, and
+        the publisher's first seq (seq minus model index)."""
+        for _topic, seq_frame, payload in sub.got:
+            index = self.index_of(payload)
+            if len(seq_frame) != SEQ_BYTES or index is None:
+                continue  # malformed (EVT-1's), or of an earlier incarnation
+            seq = _seq(seq_frame)
+            self.pub_payloads.setdefault(seq, payload)
+            if self.offset is None:
+                self.offset = seq - index
+
     # -- checks -------------------------------------------------------------------
 
     def check_message(self, message: Message) -> int:
-        """Framing, seq and payload of one PUB message against the model; return its seq."""
+        """EVT-1: framing, seq and payload of one PUB message against the model.
+
+        A batch published with ``data_parallel_rank`` ``None`` may arrive with
+        the publisher's own rank stamped in (EVT-8 checks its value).
+        """
         topic, seq_frame, payload = message
-        clause = self.clause
         assert topic == self.topic.encode(), (
-            f"{clause}: topic frame {topic!r}, expected {self.topic.encode()!r}"
+            f"EVT-1: topic frame {topic!r}, expected {self.topic.encode()!r}"
         )
         assert len(seq_frame) == SEQ_BYTES, (
             f"EVT-1: seq frame has {len(seq_frame)} bytes, not {SEQ_BYTES} big-endian"
@@ -385,10 +614,14 @@ class Rig:
             f"(seqs 0..{len(self.model) - 1})"
         )
         try:
-            batch = decode_batch(payload, self.spec.encoding)  # type: ignore[arg-type]
+            batch = decode_as(payload, self.profile)
         except SchemaError as exc:
-            raise AssertionError(f"EVT-1: seq {seq}: payload does not decode: {exc}") from None
-        diff = first_difference(self.model[seq], batch)
+            raise AssertionError(f"EVT-1: seq {seq}: payload {exc}") from None
+        expected = self.model[seq]
+        if expected.data_parallel_rank is None and batch.data_parallel_rank is not None:
+            expected = msgspec.structs.replace(expected,
+                                               data_parallel_rank=batch.data_parallel_rank)
+        diff = first_difference(expected, batch)
         if diff is not None:
             which = _find(self.model, batch)
             hint = f" (it is the batch published as #{which})" if which is not None else ""
@@ -399,8 +632,8 @@ class Rig:
         return seq
 
     def check_stream(self, sub: Sub, *, clause: str, contiguous: bool = True) -> list[int]:
-        """Every message ``sub`` got is well-formed and carries its seq's batch; seqs
-        increase (by exactly one when ``contiguous``). Return the seqs."""
+        """EVT-1: every message ``sub`` got is well-formed and carries its seq's batch;
+        seqs increase (by exactly one when ``contiguous``). Return the seqs."""
         assert not sub.malformed, (
             f"EVT-1: PUB message with {len(sub.malformed[0])} frames, not 3 "
             f"[topic, seq, payload]"
@@ -416,6 +649,60 @@ class Rig:
                     f"{clause}: gap: seq {before} then {after} to a reading subscriber"
                 )
         return seqs
+
+    def check_order(self, sub: Sub, *, clause: str, contiguous: bool = True) -> list[int]:
+        """``clause``: the batches ``sub`` got, identified by ``ts``, came once each, in
+        publishing order (and with no batch missing between two, when
+        ``contiguous``). Seqs and content are EVT-1's. Return the model indices."""
+        indices = [i for i in (self.index_of(m[2]) for m in sub.got) if i is not None]
+        for before, after in itertools.pairwise(indices):
+            if after == before:
+                raise AssertionError(f"{clause}: batch #{after} delivered twice")
+            if after < before:
+                raise AssertionError(
+                    f"{clause}: batch #{after} after batch #{before}: reordered")
+            if contiguous and after != before + 1:
+                raise AssertionError(
+                    f"{clause}: batch #{before} then #{after} to a reading subscriber: "
+                    f"{after - before - 1} lost"
+                )
+        return indices
+
+    def check_replay(self, client: ReplayClient, start: int, clause: str,
+                     retained: int | None) -> None:
+        """``clause``: a replay from ``start`` answers every retained seq from it, in
+        order, each byte-identical to what the PUB socket sent under that seq
+        (or, for a seq no subscriber saw, the batch published at that place),
+        then the end marker. Needs :meth:`observe` of a subscriber first."""
+        first = self.offset if self.offset is not None else 0
+        newest = first + len(self.model) - 1
+        answers, ended = client.read(clause=clause, newest=newest)
+        oldest = first if retained is None else max(first, newest - retained + 1)
+        want = list(range(max(start, oldest), newest + 1))
+        got = [seq for seq, _ in answers]
+        assert ended, (
+            f"{clause}: replay from {start} got {len(answers)} answers (seqs {got[:5]}...) and "
+            f"no end marker [b'', -1 (8 bytes, signed), b'']"
+        )
+        assert got == want, (
+            f"{clause}: replay from {start} (retained {oldest}..{newest}) answered seqs "
+            f"{got[:8]}{'...' if len(got) > 8 else ''}, expected {want[:8]}"
+            f"{'...' if len(want) > 8 else ''}"
+        )
+        for seq, payload in answers:
+            live = self.pub_payloads.get(seq)
+            if live is not None:
+                assert payload == live, (
+                    f"{clause}: the replay of seq {seq} is not byte-identical to what the "
+                    f"PUB socket sent under seq {seq}"
+                )
+                continue
+            index = self.index_of(payload)
+            assert index == seq - first, (
+                f"{clause}: the replay of seq {seq} carries "
+                f"{'no published batch' if index is None else f'batch #{index}'}, expected "
+                f"batch #{seq - first}"
+            )
 
     def close(self) -> None:
         for peer in list(self.peers):

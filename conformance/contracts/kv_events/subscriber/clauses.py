@@ -1,6 +1,7 @@
-"""The clauses of the ``kv-events-subscriber`` contract (EVS-1 .. EVS-7).
+"""The clauses of the ``kv-events-subscriber`` contract (EVS-1 .. EVS-9).
 
-Texts follow DESIGN.md, "KV-event stream". IDs never change meaning.
+Texts follow DESIGN.md, "KV-event stream" and "Wire profiles". IDs never
+change meaning.
 """
 
 from __future__ import annotations
@@ -57,6 +58,38 @@ CLAUSES: Final[dict[str, Clause]] = {
             "own heartbeat) and replays what it missed: nothing lost that the publisher "
             "still retains.",
             chaos=True,
+        ),
+        Clause(
+            "EVS-8",
+            "both replay layouts are read",
+            "Replay answers in both layouts, [b'', seq, payload] (seq-payload) and [b'', "
+            "topic, seq, payload] (topic-seq-payload), told apart by the frame count after "
+            "the delimiter, or in the one layout the subscriber declares, are read "
+            "correctly; a layout it does not read is named.",
+        ),
+        Clause(
+            "EVS-9",
+            "batches of newer producers are read",
+            "Batches from a newer producer are accepted: unknown map keys and extra trailing "
+            "array elements are ignored, and an event of an unknown type is skipped and "
+            "counted while its batch's other events are delivered; the stream goes on.",
+        ),
+        Clause(
+            "EVS-10",
+            "an impostor publisher is refused",
+            "Where the subscriber declares authentication (CURVE) and is given the "
+            "publisher's server key, a publisher without the matching secret key (plain, or "
+            "CURVE with another key) delivers nothing to the application, also after the "
+            "subscriber rebuilds its sockets; the real publisher's batches arrive as usual; "
+            "no secret key appears in its logs or reprs.",
+        ),
+        Clause(
+            "EVS-11",
+            "garbage ZMTP from an impostor is harmless",
+            "Raw TCP servers on the publisher's endpoints answering every connection with "
+            "random or truncated ZMTP greetings, garbage NULL or CURVE handshakes, or a frame "
+            "announced past any receive limit, never make poll() raise and deliver nothing; "
+            "once the real publisher is back, its batches are delivered.",
         ),
     )
 }

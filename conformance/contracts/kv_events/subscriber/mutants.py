@@ -10,17 +10,54 @@ runs each against its clause; the self-check catalog lists them too.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 import zmq
 
-from reference_impl.kv_events.schema import KVEventBatch, decode_batch
+from reference_impl.kv_events.schema import KVEventBatch, SchemaError, decode_batch
 from reference_impl.kv_events.subscriber import KVEventSubscriber
+from reference_impl.kv_events.wire import WireProfile, validate_payload
 
 __all__ = ["MUTANTS", "SubscriberMutant"]
 
 _Out = list[tuple[int, KVEventBatch]]
+
+
+class PlaintextFallback(KVEventSubscriber):
+    """Does not insist on the pinned server key: when nothing has arrived 500 ms after it
+    started, it reconnects its SUB socket in plaintext "for compatibility" (a downgrade
+    an impostor publisher gets for free)."""
+
+    _FALLBACK_S: Final = 0.5
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fallback_at = time.monotonic() + self._FALLBACK_S
+        self._fell_back = False
+
+    def poll(self, timeout_ms: int) -> list[tuple[int, KVEventBatch]]:
+        if (not self._fell_back and self._last is None
+                and time.monotonic() >= self._fallback_at):
+            self._fell_back = True
+            self._poller.unregister(self._sub)
+            self._sub.close(linger=0)
+            self._sub = self._ctx.socket(zmq.SUB)  # MUTATION: no CURVE options
+            self._sub.setsockopt(zmq.LINGER, 0)
+            self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+            self._sub.connect(self.endpoint)
+            self._poller.register(self._sub, zmq.POLLIN)
+        return super().poll(timeout_ms)
+
+
+class TrustsLibzmqReconnect(KVEventSubscriber):
+    """Leaves reconnecting to libzmq, which ends a SUB's session for good when a
+    handshake fails on garbage: after an impostor spoke on the endpoint, the real
+    publisher is never heard again."""
+
+    def _watch_sub(self) -> None:
+        pass  # MUTATION: the SUB socket is never rebuilt
 
 
 class NeverAdvancesLast(KVEventSubscriber):
@@ -119,6 +156,44 @@ class BoundedQueue(KVEventSubscriber):
         super().__init__(endpoint, replay_endpoint, topic=topic, **options)
 
 
+class ReadsSeqPayloadOnly(KVEventSubscriber):
+    """Reads replay answers as exactly ``[b"", seq, payload]``: a publisher of vLLM
+    0.26 or later answers ``[b"", topic, seq, payload]``, and every answer is garbage."""
+
+    def _on_answer(self, frames: list[bytes], out: _Out) -> None:
+        if len(frames) != 3:  # MUTATION: the topic-seq-payload layout is not read
+            self._counts["garbled"] += 1
+            return
+        super()._on_answer(frames, out)
+
+
+class ForbidsUnknownFields(KVEventSubscriber):
+    """Decodes strictly (``forbid_unknown_fields``): a field a newer producer added
+    makes the whole batch undecodable."""
+
+    def _decode(self, payload: bytes) -> KVEventBatch | None:
+        if validate_payload(payload, WireProfile(encoding=self.encoding)) is not None:
+            self._counts["garbled"] += 1  # MUTATION: anything unknown drops the batch
+            return None
+        return super()._decode(payload)
+
+
+class UnknownEventDropsBatch(KVEventSubscriber):
+    """Drops a whole batch for one event of an unknown type (a tagged union without
+    a fallback): the batch's known events are lost too."""
+
+    def _decode(self, payload: bytes) -> KVEventBatch | None:
+        unknown: list[str] = []
+        try:
+            batch = decode_batch(payload, self.encoding, unknown=unknown)
+        except SchemaError:
+            batch = None
+        if batch is None or unknown:  # MUTATION: the known events go with the unknown one
+            self._counts["garbled"] += 1
+            return None
+        return batch
+
+
 @dataclass(frozen=True)
 class SubscriberMutant:
     """A catalog entry: the factory, its defect, and the clause that must catch it."""
@@ -150,9 +225,21 @@ MUTANTS: Final[tuple[SubscriberMutant, ...]] = (
                      "a decode error escapes poll() and kills the loop", ("EVS-5",)),
     SubscriberMutant("evs_prefix_topic", f"{_M}:PrefixTopic",
                      "delivers every topic the prefix subscription lets through", ("EVS-6",)),
+    SubscriberMutant("evs_plaintext_fallback", f"{_M}:PlaintextFallback",
+                     "does not insist on the server key: reconnects in plaintext when nothing "
+                     "arrived within 500 ms", ("EVS-10",)),
+    SubscriberMutant("evs_trusts_libzmq_reconnect", f"{_M}:TrustsLibzmqReconnect",
+                     "never rebuilds its SUB socket: garbage from an impostor ends libzmq's "
+                     "session and the real publisher is never heard again", ("EVS-11",)),
     SubscriberMutant("evs_no_resync", f"{_M}:NoResync",
                      "no heartbeat and no idle check: losses before a quiet period stay lost",
                      ("EVS-7",), chaos=True),
+    SubscriberMutant("evs_reads_seq_payload_only", f"{_M}:ReadsSeqPayloadOnly",
+                     "reads replay answers only in the seq-payload layout", ("EVS-8",)),
+    SubscriberMutant("evs_forbids_unknown_fields", f"{_M}:ForbidsUnknownFields",
+                     "a field a newer producer added makes its batch undecodable", ("EVS-9",)),
+    SubscriberMutant("evs_unknown_event_drops_batch", f"{_M}:UnknownEventDropsBatch",
+                     "an event of an unknown type drops its whole batch", ("EVS-9",)),
 )
 
 

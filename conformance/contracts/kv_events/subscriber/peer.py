@@ -4,7 +4,11 @@ The subscriber under test connects to a :class:`FakePublisher`, which is a
 bare XPUB socket (so the suite sees the subscription arrive and never
 publishes into a slow joiner's void) and a bare ROUTER answering replay
 requests however the test wants: fully, partially, late, never, with
-garbage, or as a new incarnation after :meth:`FakePublisher.restart`.
+garbage, or as a new incarnation after :meth:`FakePublisher.restart`. It
+speaks the subscriber's declared wire profile
+(:mod:`reference_impl.kv_events.wire`): its encoding and schema version,
+and replay answers in one layout at a time (``FakePublisher.layout``; for a
+subscriber that reads both, ``seq-payload`` unless a test picks another).
 
 Nothing here has a thread: :class:`Session` alternates the subscriber's
 ``poll()`` (under the watchdog) with :meth:`FakePublisher.pump`, until a
@@ -25,8 +29,6 @@ import zmq
 from conformance.errors import CallBlocked, ConfigError
 from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
-    ENCODINGS,
-    END_MARKER_SEQ,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -35,6 +37,18 @@ from reference_impl.kv_events.schema import (
     encode_batch,
     encode_seq,
     first_difference,
+)
+from reference_impl.kv_events.wire import (
+    DEFAULT_REPLAY_LAYOUT,
+    ENCODINGS,
+    REPLAY_LAYOUTS,
+    SCHEMAS,
+    ReplayLayout,
+    WireProfile,
+    encode_payload,
+    replay_answer_frames,
+    replay_end_frames,
+    restrict,
 )
 
 __all__ = [
@@ -81,10 +95,14 @@ class SubscriberSpec:
     """The subscriber factory and what it declares.
 
     Capabilities (attribute ``zmq_conformance_capabilities`` on the factory,
-    overridable): ``encoding`` (``"map"`` or ``"array"``, default ``"map"``)
-    and ``replay_timeout_ms`` (the bound EVS-3 allows for an unanswered
-    replay; default 5000 ms unless the factory takes ``replay_timeout_ms``,
-    in which case the suite passes its own short value).
+    overridable): ``encoding`` (``"map"``, ``"array"`` or ``"array-map"``,
+    default ``"map"``) and ``schema`` (default ``"base"``): what the suite's
+    publisher sends; ``wire``: the replay layouts it reads (``"both"``, the
+    default, or one of them); ``replay_timeout_ms`` (the bound EVS-3 allows
+    for an unanswered replay; default 5000 ms unless the factory takes
+    ``replay_timeout_ms``, in which case the suite passes its own short
+    value). A factory that names an ``encoding`` keyword is passed the
+    declared encoding.
     """
 
     name: str
@@ -104,16 +122,34 @@ class SubscriberSpec:
             raise ConfigError(f"subscriber factory {target!r}: {exc}") from None
         declared = dict(getattr(factory, "zmq_conformance_capabilities", {}) or {})
         declared.update(overrides or {})
-        encoding = declared.get("encoding", "map")
-        if encoding not in ENCODINGS:
-            raise ConfigError(f"capability 'encoding' must be one of {ENCODINGS}, "
-                              f"not {encoding!r}")
+        for name, allowed in (("encoding", ENCODINGS), ("schema", tuple(SCHEMAS)),
+                              ("wire", ("both", *REPLAY_LAYOUTS))):
+            if name in declared and declared[name] not in allowed:
+                raise ConfigError(f"subscriber {target}: capability {name!r} must be one of "
+                                  f"{', '.join(allowed)}, not {declared[name]!r}")
         return cls(target, factory, declared)
 
     @property
     def encoding(self) -> Encoding:
         value: Encoding = self.capabilities.get("encoding", "map")
         return value
+
+    @property
+    def schema(self) -> str:
+        return str(self.capabilities.get("schema", "base"))
+
+    @property
+    def layouts(self) -> tuple[ReplayLayout, ...]:
+        """The replay layouts the subscriber reads (declared ``wire``; ``both`` by default)."""
+        wire = self.capabilities.get("wire", "both")
+        if wire == "both":
+            return ("seq-payload", "topic-seq-payload")
+        return (wire,)
+
+    def profile(self, layout: ReplayLayout | None = None) -> WireProfile:
+        """What the suite's publisher speaks to it (replay layout ``layout``, or the first
+        it reads)."""
+        return WireProfile(layout or self.layouts[0], self.encoding, self.schema)
 
     def _accepts(self, name: str) -> bool:
         try:
@@ -130,8 +166,12 @@ class SubscriberSpec:
             return SUITE_REPLAY_TIMEOUT_MS
         return int(self.capabilities.get("replay_timeout_ms", UNDECLARED_REPLAY_TIMEOUT_MS))
 
-    def build(self, endpoint: str, replay_endpoint: str, *, topic: str) -> Any:
-        kwargs: dict[str, int] = {}
+    def build(self, endpoint: str, replay_endpoint: str, *, topic: str, **extra: Any) -> Any:
+        """Build the subscriber with the suite's short settings; ``extra`` (the CURVE
+        keywords of :mod:`conformance.testing.credentials`) is passed as it is."""
+        kwargs: dict[str, Any] = dict(extra)
+        if _names(self.factory, "encoding"):
+            kwargs["encoding"] = self.encoding
         if self._accepts("replay_timeout_ms"):
             kwargs["replay_timeout_ms"] = SUITE_REPLAY_TIMEOUT_MS
         if self._accepts("heartbeat_ivl_ms"):
@@ -140,6 +180,13 @@ class SubscriberSpec:
             kwargs["heartbeat_timeout_ms"] = SUITE_HEARTBEAT_TIMEOUT_MS
         return watchdog.call("subscriber factory", self.factory, endpoint, replay_endpoint,
                              topic=topic, **kwargs)
+
+
+def _names(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # --- the fake publisher --------------------------------------------------------------
@@ -179,9 +226,16 @@ class FakePublisher:
     from publishing, so a test can lag, drop or repeat live copies.
     """
 
-    def __init__(self, *, topic: str, encoding: Encoding, salt: int = 0) -> None:
+    def __init__(self, *, topic: str, encoding: Encoding, salt: int = 0,
+                 schema: str = "base", layout: ReplayLayout = DEFAULT_REPLAY_LAYOUT,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> None:
+        #: Applied to both sockets before they bind (a CURVE server, EVS-10).
+        self.secure = secure
         self.topic = topic.encode()
         self.encoding: Encoding = encoding
+        self.schema = SCHEMAS[schema]
+        #: The layout replay answers go out in (a test may change it between requests).
+        self.layout: ReplayLayout = layout
         self.salt = salt
         self.ctx = zmq.Context()
         self.history: dict[int, bytes] = {}
@@ -202,6 +256,9 @@ class FakePublisher:
         pub.setsockopt(zmq.SNDHWM, 100_000)
         router: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
+        if self.secure is not None:
+            self.secure(pub)
+            self.secure(router)
         deadline = time.monotonic() + _REBIND_S
         for sock, where in ((pub, endpoint), (router, replay_endpoint)):
             while True:
@@ -224,11 +281,18 @@ class FakePublisher:
         self.next_seq += 1
         if batch is None:
             batch = make_batch(seq, self.salt)
+        batch = restrict(batch, self.schema)
         self.batches[seq] = batch
-        self.history[seq] = encode_batch(batch, self.encoding)
+        self.history[seq] = self.encode(batch)
         if live:
             self.send_live(seq)
         return seq
+
+    def encode(self, batch: KVEventBatch) -> bytes:
+        """``batch`` as this publisher's profile writes it."""
+        if self.schema.name == "base":
+            return encode_batch(batch, self.encoding)
+        return encode_payload(batch, WireProfile(self.layout, self.encoding, self.schema.name))
 
     def publish_payload(self, payload: bytes, *, live: bool = True) -> int:
         """Number and retain a raw payload (possibly garbage)."""
@@ -260,18 +324,30 @@ class FakePublisher:
         for seq in sorted(s for s in self.history if s >= start):
             if limit is not None and sent >= limit:
                 return sent
-            self.send_answer(identity, [encode_seq(seq), self.history[seq]])
+            self.send_replay(identity, seq, self.history[seq])
             sent += 1
         if end:
-            self.send_answer(identity, [END_MARKER_SEQ, b""])
+            self.send_end(identity)
         return sent
 
+    def send_replay(self, identity: bytes, seq: int, payload: bytes) -> None:
+        """One replay answer in :attr:`layout`."""
+        frames = replay_answer_frames(self.layout, self.topic, encode_seq(seq), payload)
+        self.send_answer(identity, frames[1:])
+
+    def send_end(self, identity: bytes) -> None:
+        """The end marker in :attr:`layout`."""
+        self.send_answer(identity, replay_end_frames(self.layout)[1:])
+
     def send_answer(self, identity: bytes, frames: list[bytes]) -> None:
+        """Raw frames after the delimiter (garbage included)."""
         with contextlib.suppress(zmq.ZMQError):  # a requester that is gone: drop, as ROUTER
             self._router.send_multipart([identity, b"", *frames], zmq.NOBLOCK)
 
     def pump(self) -> None:
         """Read subscriptions and replay requests; answer requests by ``policy``."""
+        if self._pub.closed:
+            return  # gone away (an impostor holds the endpoints)
         while True:
             try:
                 message = self._pub.recv(zmq.NOBLOCK)
@@ -289,6 +365,11 @@ class FakePublisher:
             self.policy(self, request)
 
     # -- life cycle -----------------------------------------------------------------
+
+    def go_away(self) -> None:
+        """Close both sockets (the endpoints are free for an impostor) until :meth:`restart`."""
+        self._pub.close(0)
+        self._router.close(0)
 
     def restart(self, salt: int) -> None:
         """A new incarnation on the same endpoints: seq from 0, nothing retained."""
@@ -321,15 +402,18 @@ class Session:
 
     def __init__(self, spec: SubscriberSpec, *, clause: str, topic: str = "kv",
                  fake_topic: str | None = None,
-                 route: Callable[[FakePublisher], tuple[str, str]] | None = None) -> None:
+                 route: Callable[[FakePublisher], tuple[str, str]] | None = None,
+                 fake_secure: Callable[[zmq.Socket[bytes]], None] | None = None,
+                 **subscriber_options: Any) -> None:
         self.clause = clause
         self.fake = FakePublisher(topic=topic if fake_topic is None else fake_topic,
-                                  encoding=spec.encoding)
+                                  encoding=spec.encoding, schema=spec.schema,
+                                  layout=spec.layouts[0], secure=fake_secure)
         self.delivered: list[tuple[int, Any]] = []
         try:
             endpoint, replay = (route(self.fake) if route is not None
                                 else (self.fake.endpoint, self.fake.replay_endpoint))
-            self.sub = spec.build(endpoint, replay, topic=topic)
+            self.sub = spec.build(endpoint, replay, topic=topic, **subscriber_options)
         except BaseException:
             self.fake.close()
             raise

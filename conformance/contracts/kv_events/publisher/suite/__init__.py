@@ -1,4 +1,4 @@
-"""Property tests of the ``kv-events-publisher`` contract (EVT-1 .. EVT-8).
+"""Property tests of the ``kv-events-publisher`` contract (EVT-1 .. EVT-9).
 
 Every test receives the publisher under test through ``kv_publisher_spec``
 (``conftest.py``), plays its peers with raw sockets

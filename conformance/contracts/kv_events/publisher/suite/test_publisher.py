@@ -1,4 +1,4 @@
-"""EVT-1 .. EVT-8: the publisher under test against raw-socket subscribers and replay clients.
+"""EVT-1 .. EVT-9: the publisher under test against raw-socket subscribers and replay clients.
 
 Each test builds a fresh publisher on fresh ports (:class:`Rig`), plays its
 peers with plain pyzmq sockets and compares what arrives with the model of
@@ -24,9 +24,11 @@ from conformance.contracts.kv_events.publisher.peers import (
     PATIENCE_S,
     ReplayClient,
     Rig,
+    decode_as,
     free_ports,
     make_batch,
     tcp,
+    ts_of,
 )
 from conformance.contracts.kv_events.spec import PublisherSpec, accepts
 from conformance.supervision import watchdog
@@ -36,9 +38,10 @@ from reference_impl.kv_events.schema import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
-    decode_batch,
+    SchemaError,
     encode_batch,
 )
+from reference_impl.kv_events.wire import validate_payload
 
 # -- strategies -------------------------------------------------------------------------
 
@@ -56,7 +59,36 @@ _stored = st.builds(
 )
 _removed = st.builds(BlockRemoved, block_hashes=st.lists(_hashes, min_size=1, max_size=4),
                      medium=_medium)
-_event = st.one_of(_stored, _removed, st.just(AllBlocksCleared()))
+_opt_text = st.one_of(st.none(), st.text(max_size=6))
+_opt_small = st.one_of(st.none(), st.integers(0, 64))
+#: Events with the fields later schema versions added (the suite cuts each batch down to
+#: the declared version before publishing it).
+_stored_later = st.builds(
+    BlockStored,
+    block_hashes=st.lists(_hashes, min_size=1, max_size=3),
+    parent_block_hash=st.one_of(st.none(), _hashes),
+    token_ids=st.lists(st.integers(0, 2**31 - 1), max_size=8),
+    block_size=st.integers(1, 256),
+    lora_id=st.one_of(st.none(), st.integers(0, 1000)),
+    medium=_medium,
+    lora_name=_opt_text,
+    extra_keys=st.one_of(st.none(), st.lists(st.one_of(
+        st.none(), st.lists(st.one_of(st.text(max_size=4), st.integers(0, 9)), max_size=2)),
+        max_size=3)),
+    group_idx=_opt_small,
+    kv_cache_spec_kind=_opt_text,
+    kv_cache_spec_sliding_window=_opt_small,
+    locality=_opt_text,
+    ownership=_opt_text,
+    session_id=_opt_text,
+    lookahead_token_ids=st.one_of(st.none(), st.lists(
+        st.lists(st.integers(0, 2**31 - 1), max_size=3), max_size=2)),
+)
+_removed_later = st.builds(BlockRemoved, block_hashes=st.lists(_hashes, min_size=1, max_size=3),
+                           medium=_medium, group_idx=_opt_small, locality=_opt_text,
+                           ownership=_opt_text)
+_event = st.one_of(_stored, _removed, _stored_later, _removed_later,
+                   st.just(AllBlocksCleared()))
 batches = st.builds(
     KVEventBatch,
     ts=st.floats(allow_nan=False, allow_infinity=False),
@@ -120,7 +152,7 @@ def test_reading_subscribers_get_every_batch_once_in_order(
                 gone = None
         for sub in subs:
             rig.wait_all(sub, pump=lambda: [s.drain() for s in subs])
-            rig.check_stream(sub, clause="EVT-2")
+            rig.check_order(sub, clause="EVT-2")
 
 
 # -- EVT-3 -----------------------------------------------------------------------------
@@ -152,7 +184,7 @@ def test_publish_never_blocks_without_or_with_a_stalled_subscriber(
             if len(rig.model) % 200 == 0:
                 reader.drain()
         rig.wait_all(reader)
-        rig.check_stream(reader, clause="EVT-3")
+        rig.check_order(reader, clause="EVT-3")
 
 
 @pytest.mark.clause("EVT-3")
@@ -163,8 +195,8 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
     takes. What is shed is reported (publish() raised, or stats()["dropped"]), and what
     is published stays in order."""
     if not accepts(kv_publisher_spec.factory, "max_queue"):
-        pytest.skip("EVT-3 full queue: the factory takes no max_queue keyword, so the suite "
-                    "cannot make its queue small")
+        pytest.skip("The factory takes no max_queue keyword, so the suite cannot make its "
+                    "queue small enough to fill.")
     heavy = _heavy_batch()
     encoding: Any = kv_publisher_spec.encoding
     started = time.perf_counter()
@@ -191,7 +223,7 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         # or shed, and the counters are final.
         deadline = time.monotonic() + PATIENCE_S
         markers: set[float] = set()
-        while not (reader.got and decode_batch(reader.got[-1][2], encoding).ts in markers):
+        while not (reader.got and ts_of(reader.got[-1][2]) in markers):
             assert time.monotonic() < deadline, "EVT-3: the publisher stopped publishing"
             marker = make_batch()
             if rig.publish(marker, track=False):
@@ -201,8 +233,8 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         seqs = [int.from_bytes(m[1], "big") for m in reader.got]
         gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
         assert not gaps, f"EVT-3: seq {gaps[0][0]} then {gaps[0][1]}: shedding left a gap"
-        stamps = [decode_batch(m[2], encoding).ts for m in reader.got]
-        burst_stamps = [t for t in stamps if t >= 10**9]
+        stamps = [ts_of(m[2]) for m in reader.got]
+        burst_stamps = [t for t in stamps if t is not None and t >= 10**9]
         assert burst_stamps == sorted(burst_stamps), "EVT-3: shed batches reordered the rest"
         dropped = int(rig.stats().get("dropped", 0)) - int(before.get("dropped", 0))
         assert seqs[-1] + 1 + dropped == accepted, (
@@ -221,28 +253,13 @@ def _publish_and_settle(rig: Rig, count: int) -> None:
     for _ in range(count):
         rig.publish(make_batch())
     rig.wait_all(sub)
+    rig.observe(sub)
     rig.drop(sub)
 
 
 def _check_replay(rig: Rig, client: ReplayClient, start: int, clause: str,
                   retained: int | None) -> None:
-    newest = len(rig.model) - 1
-    answers, ended = client.read(clause=clause, newest=newest)
-    oldest = 0 if retained is None else max(0, newest - retained + 1)
-    first = max(start, oldest)
-    want = list(range(first, newest + 1))
-    got = [seq for seq, _ in answers]
-    assert ended, (
-        f"{clause}: replay from {start} got {len(answers)} answers (seqs {got[:5]}...) and no "
-        f"end marker [b'', -1 (8 bytes, signed), b'']"
-    )
-    assert got == want, (
-        f"{clause}: replay from {start} (retained {oldest}..{newest}) answered seqs "
-        f"{got[:8]}{'...' if len(got) > 8 else ''}, expected {want[:8]}"
-        f"{'...' if len(want) > 8 else ''}"
-    )
-    for seq, payload in answers:
-        rig.check_message((rig.topic.encode(), seq.to_bytes(8, "big"), payload))
+    rig.check_replay(client, start, clause, retained)
 
 
 @pytest.mark.clause("EVT-4")
@@ -267,7 +284,8 @@ def test_replay_older_than_retention_starts_at_the_oldest(
     """More batches than retained: a replay from 0 starts at the oldest retained one."""
     retained = kv_publisher_spec.buffer_steps
     if retained is None:
-        pytest.skip("EVT-4 retention: declare buffer_steps (or take a buffer_steps keyword)")
+        pytest.skip("The retention edge needs the publisher's retention: declare "
+                    "buffer_steps, or take a buffer_steps keyword.")
     with _rig(kv_publisher_spec, "EVT-4") as rig:
         _publish_and_settle(rig, retained + 17)
         client = rig.replay_client()
@@ -286,7 +304,8 @@ def test_slow_reader_gets_all_of_a_replay_or_no_end_marker(
     reading for 0.7 s and then drains: an end marker only after every batch."""
     if (not accepts(kv_publisher_spec.factory, "buffer_steps")
             and (kv_publisher_spec.buffer_steps or 0) < 2500):
-        pytest.skip("EVT-5: needs a retention of 2500 batches (a buffer_steps keyword)")
+        pytest.skip("A slow replay reader needs a retention of 2500 batches: take a "
+                    "buffer_steps keyword, or declare buffer_steps of 2500 or more.")
     with _rig(kv_publisher_spec, "EVT-5", buffer_steps=2500,
               replay_stall_timeout_ms=3000) as rig:
         reader = rig.sub()
@@ -363,9 +382,10 @@ def test_hostile_replay_requests_stop_nothing(kv_publisher_spec: PublisherSpec,
         for _ in range(5):
             rig.publish(make_batch())
         rig.wait_all(reader)
-        rig.check_stream(reader, clause="EVT-6")
+        rig.check_order(reader, clause="EVT-6")
+        rig.observe(reader)
         honest = rig.replay_client()
-        start = len(rig.model) - 3
+        start = (rig.offset or 0) + len(rig.model) - 3
         honest.request(start)
         _check_replay(rig, honest, start, "EVT-6", kv_publisher_spec.buffer_steps)
 
@@ -393,20 +413,25 @@ def test_shutdown_is_bounded_delivers_the_queue_and_releases_everything(
             rig.publish(make_batch(events=3, tokens=256))
         took = rig.shutdown(limit=bound + 2.0)
         assert took <= bound, f"EVT-7: shutdown() took {took:.2f} s, bound {bound:.2f} s"
+        bound_still = rig.still_bound()
+        assert not bound_still, (
+            f"EVT-7: {', '.join(bound_still)} still bound after shutdown() returned: the "
+            f"sockets were not released (a restart on the same configuration fails with "
+            f"EADDRINUSE)"
+        )
         stats = rig.stats()
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and (
-            not reader.got or int.from_bytes(reader.got[-1][1], "big") < len(rig.model) - 1
-        ):
+        while time.monotonic() < deadline and not rig.arrived(reader, len(rig.model) - 1):
             reader.drain(20)
-        published = int.from_bytes(reader.got[-1][1], "big") + 1
+        arrived = [i for i in (rig.index_of(m[2]) for m in reader.got) if i is not None]
+        published = max(arrived) + 1 if arrived else 0
         reported = int(stats.get("undelivered", 0)) + int(stats.get("dropped", 0))
         assert published + reported >= len(rig.model), (
             f"EVT-7: {len(rig.model)} batches accepted, {published} published before "
             f"shutdown() returned, {reported} reported undelivered: "
             f"{len(rig.model) - published - reported} dropped silently"
         )
-        rig.check_stream(reader, clause="EVT-7")
+        rig.check_order(reader, clause="EVT-7")
         try:
             rig.publisher.publish(make_batch())
         except Exception:
@@ -431,9 +456,9 @@ def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
     vLLM's defaults 5557/5558) all start, bind distinct endpoints, and each serves its
     own stream."""
     if not kv_publisher_spec.data_parallel:
-        pytest.skip("EVT-8: the factory takes no data_parallel_rank keyword (declare "
-                    "data_parallel)")
-    encoding: Any = kv_publisher_spec.encoding
+        pytest.skip("The factory takes no data_parallel_rank keyword and does not declare "
+                    "data_parallel.")
+    profile = kv_publisher_spec.profile
     base = free_ports(2 * ranks + 2, consecutive=True)[0]
     endpoint, replay = tcp(base), tcp(base + 1)
     publishers: list[Any] = []
@@ -468,7 +493,10 @@ def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
                 watchdog.call("publish()", publishers[rank].publish, batch)
                 if sub.poll(20):
                     got = sub.recv_multipart()
-            decoded = decode_batch(got[2], encoding)
+            try:
+                decoded = decode_as(got[2], profile)
+            except SchemaError as exc:
+                raise AssertionError(f"EVT-8: rank {rank}'s batch {exc}") from None
             assert decoded.data_parallel_rank in (None, rank), (
                 f"EVT-8: rank {rank}'s endpoint {pub_ep} carries batches of rank "
                 f"{decoded.data_parallel_rank}"
@@ -479,3 +507,71 @@ def test_data_parallel_ranks_all_start_and_serve_their_own_stream(
             watchdog.call("shutdown()", publisher.shutdown)
         ctx.destroy(0)
 
+
+
+# -- EVT-9 -------------------------------------------------------------------------------
+
+
+def _every_field_set() -> KVEventBatch:
+    """A batch whose events set every field any schema version defines (non-nil)."""
+    stored = BlockStored(block_hashes=[7, b"\x01\x02"], parent_block_hash=6, token_ids=[1, 2],
+                         block_size=2, lora_id=3, medium="GPU", lora_name="adapter",
+                         extra_keys=[["salt"], None], group_idx=1, kv_cache_spec_kind="full",
+                         kv_cache_spec_sliding_window=128, locality="LOCAL", ownership="s1",
+                         session_id="s1", lookahead_token_ids=[[5], [6]])
+    removed = BlockRemoved(block_hashes=[7], medium="CPU", group_idx=1, locality="REMOTE",
+                           ownership="s1")
+    return KVEventBatch(ts=make_batch().ts, events=[stored, removed, AllBlocksCleared()])
+
+
+def _nothing_optional() -> KVEventBatch:
+    """A batch whose events leave every optional field unset and every nullable one nil."""
+    stored = BlockStored(block_hashes=[8], parent_block_hash=None, token_ids=[], block_size=1,
+                         lora_id=None, medium=None)
+    return KVEventBatch(ts=make_batch().ts, events=[stored, BlockRemoved([8], None)])
+
+
+def _check_payloads(rig: Rig, sub: Any) -> None:
+    profile = rig.profile
+    for _topic, seq_frame, payload in sub.got:
+        problem = validate_payload(payload, profile)
+        assert problem is None, (
+            f"EVT-9: the batch under seq {int.from_bytes(seq_frame, 'big')} is not "
+            f"{profile.describe()}: {problem}"
+        )
+
+
+@pytest.mark.clause("EVT-9")
+def test_declared_profile_is_exact(kv_publisher_spec: PublisherSpec) -> None:
+    """A batch with every field of the declared schema version set, one with every
+    optional field left out: the PUB payloads and every replay answer are exactly the
+    declared profile (encoding, schema version, replay layout, the live stream's topic
+    in the topic frame, an empty one in the end marker)."""
+    profile = kv_publisher_spec.profile
+    with _rig(kv_publisher_spec, "EVT-9") as rig:
+        sub = rig.sub()
+        rig.join(sub)
+        for batch in (_every_field_set(), _nothing_optional(), make_batch()):
+            rig.publish(batch)
+        rig.wait_all(sub)
+        _check_payloads(rig, sub)
+        client = rig.replay_client()
+        client.request(0)
+        client.read(clause="EVT-9")
+        assert client.answers, "EVT-9: a replay from 0 got no answer"
+        topic = rig.topic.encode()
+        for answer in client.answers:
+            what = "the end marker" if answer.is_end else f"the replay answer of seq {answer.seq}"
+            assert answer.layout == profile.replay_layout, (
+                f"EVT-9: {what} is in layout {answer.layout}, declared "
+                f"wire={profile.replay_layout}"
+            )
+            if answer.topic is not None:
+                want = b"" if answer.is_end else topic
+                assert answer.topic == want, (
+                    f"EVT-9: {what} carries topic frame {answer.topic!r}, expected {want!r} "
+                    f"(the live stream's topic; empty in the end marker)"
+                )
+            if not answer.is_end:
+                problem = validate_payload(answer.payload, profile)
+                assert problem is None, f"EVT-9: {what} is not {profile.describe()}: {problem}"

@@ -4,6 +4,9 @@
 (``--zmq-contract kv-events-subscriber --zmq-transport MODULE:ATTR``, see
 :mod:`conformance.config.selection`); ``ZMQ_CONFORMANCE_KV_SUBSCRIBER``
 (``MODULE:ATTR``) overrides it, and without either it is the reference.
+Before any test uses it, the subscriber is checked once against its declared
+encoding (:mod:`..profile_check`): a mismatch skips every test with that one
+reason.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 from conformance.config.fixtures import contract_spec
 from conformance.contracts.kv_events.subscriber.clauses import CONTRACT
 from conformance.contracts.kv_events.subscriber.peer import SubscriberSpec
+from conformance.contracts.kv_events.subscriber.profile_check import profile_mismatch
 
 ENV_SUBSCRIBER = "ZMQ_CONFORMANCE_KV_SUBSCRIBER"
 DEFAULT_SUBSCRIBER = "reference_impl.kv_events.subscriber:KVEventSubscriber"
@@ -25,7 +29,9 @@ DEFAULT_SUBSCRIBER = "reference_impl.kv_events.subscriber:KVEventSubscriber"
 def kv_subscriber_spec(request: pytest.FixtureRequest, zmq_transport_factory: Any
                        ) -> SubscriberSpec:
     override = os.environ.get(ENV_SUBSCRIBER)
-    if override:
-        return SubscriberSpec.load(override)
-    spec: SubscriberSpec = contract_spec(request, zmq_transport_factory, CONTRACT)
+    spec: SubscriberSpec = (SubscriberSpec.load(override) if override
+                            else contract_spec(request, zmq_transport_factory, CONTRACT))
+    mismatch = profile_mismatch(spec)
+    if mismatch is not None:
+        pytest.skip(mismatch)
     return spec

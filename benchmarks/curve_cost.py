@@ -1,0 +1,230 @@
+"""The cost of authentication: each reference with CURVE on vs off, in the same run.
+
+``python -m benchmarks.curve_cost [--repeats N]`` prints a Markdown table and
+writes ``benchmarks/results/curve.json``. For every family the plain and the
+CURVE variant run in ``N`` interleaved pairs (plain, CURVE, plain, ...), so
+a change in machine load hits both; the table gives medians and the median
+of the per-pair ratios:
+
+- ``p2p``: one-way throughput (64-byte messages a -> b, ``poll()`` driven)
+  and the round-trip latency p50 (a -> b -> a);
+- ``kv``: batches per second from the reference publisher to the reference
+  subscriber, and the publish-to-delivery latency p50;
+- ``control``: request/reply round trips per second (the p50 round trip is
+  the latency).
+
+The CURVE keys are fresh per variant; what is measured is the steady state
+after the handshake (CURVE's per-message cost: a Curve25519/XSalsa20-Poly1305
+box per frame), plus, separately, the time to connect and handshake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conformance.testing.credentials import SuiteCredentials
+from conformance.testing.net import free_port
+
+_RESULTS = Path(__file__).resolve().parent / "results" / "curve.json"
+_P2P_MESSAGES = 5000
+_ROUND_TRIPS = 300
+_KV_BATCHES = 3000
+
+
+def _p50(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+# -- p2p ----------------------------------------------------------------------------
+
+
+def _p2p(curve: bool) -> dict[str, float]:
+    from reference_impl.p2p.transport import ZmqTransport
+
+    keys = SuiteCredentials.generate().node_kwargs() if curve else {}
+    ports = free_port(), free_port()
+    a = ZmqTransport(f"127.0.0.1:{ports[0]}", "127.0.0.1", ports[0], **keys)
+    b = ZmqTransport(f"127.0.0.1:{ports[1]}", "127.0.0.1", ports[1], **keys)
+    try:
+        started = time.perf_counter()
+        out = a.connect(b.local_id)
+        out.send({"hello": 1})
+        inbound = None
+        while inbound is None:
+            a.poll()
+            new = b.poll()
+            inbound = new[0] if new else None
+        inbound.recv()
+        connect_ms = (time.perf_counter() - started) * 1000
+        payload = {"p": "x" * 48}
+        started = time.perf_counter()
+        sent = got = 0
+        while got < _P2P_MESSAGES:
+            while sent < _P2P_MESSAGES and sent - got < 500:  # below the send HWM
+                out.send(payload)
+                sent += 1
+            b.poll()
+            got += len(inbound.recv())
+        throughput = _P2P_MESSAGES / (time.perf_counter() - started)
+        rtts: list[float] = []
+        for n in range(_ROUND_TRIPS):
+            t0 = time.perf_counter()
+            out.send({"n": n})
+            while not inbound.recv():
+                b.poll()
+            inbound.send({"n": n})
+            while not out.recv():
+                a.poll()
+            rtts.append((time.perf_counter() - t0) * 1e6)
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+    finally:
+        a.close()
+        b.close()
+
+
+# -- KV events ------------------------------------------------------------------------
+
+
+def _kv(curve: bool) -> dict[str, float]:
+    from reference_impl.kv_events.publisher import KVEventPublisher
+    from reference_impl.kv_events.schema import AllBlocksCleared, KVEventBatch
+    from reference_impl.kv_events.subscriber import KVEventSubscriber
+
+    creds = SuiteCredentials.generate()
+    ports = free_port(), free_port()
+    endpoints = f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}"
+    pub = KVEventPublisher(*endpoints, **(creds.server_kwargs() if curve else {}))
+    sub = KVEventSubscriber(*endpoints, resync_idle_ms=0,
+                            **(creds.client_kwargs() if curve else {}))
+    batch = KVEventBatch(ts=1.0, events=[AllBlocksCleared()])
+    try:
+        started = time.perf_counter()
+        while not sub.poll(5):
+            pub.publish(batch)
+        connect_ms = (time.perf_counter() - started) * 1000
+        while sub.poll(20):
+            pass
+        started = time.perf_counter()
+        for _ in range(_KV_BATCHES):
+            pub.publish(batch)
+        got = 0
+        while got < _KV_BATCHES:
+            got += len(sub.poll(50))
+        throughput = _KV_BATCHES / (time.perf_counter() - started)
+        lat: list[float] = []
+        for _ in range(_ROUND_TRIPS):
+            t0 = time.perf_counter()
+            pub.publish(batch)
+            while not sub.poll(5):
+                pass
+            lat.append((time.perf_counter() - t0) * 1e6)
+        return {"throughput": throughput, "latency_us": _p50(lat), "connect_ms": connect_ms}
+    finally:
+        sub.close()
+        pub.shutdown()
+
+
+# -- control ----------------------------------------------------------------------------
+
+
+def _control(curve: bool) -> dict[str, float]:
+    from reference_impl.control import ControlClient, ControlServer
+
+    creds = SuiteCredentials.generate()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ready = threading.Event()
+    stop = threading.Event()
+
+    def serve() -> None:
+        server = ControlServer(endpoint, {"ECHO": lambda r: {"n": r.get("n")}},
+                               **(creds.server_kwargs() if curve else {}))
+        ready.set()
+        try:
+            while not stop.is_set():
+                server.serve(10)
+        finally:
+            server.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(5)
+    client = ControlClient(endpoint, heartbeat_ivl_ms=10_000, heartbeat_timeout_ms=30_000,
+                           **(creds.client_kwargs() if curve else {}))
+    try:
+        started = time.perf_counter()
+        client.request("ECHO", {"n": -1})
+        connect_ms = (time.perf_counter() - started) * 1000
+        rtts: list[float] = []
+        started = time.perf_counter()
+        for n in range(_ROUND_TRIPS * 3):
+            t0 = time.perf_counter()
+            client.request("ECHO", {"n": n})
+            rtts.append((time.perf_counter() - t0) * 1e6)
+        throughput = len(rtts) / (time.perf_counter() - started)
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+    finally:
+        client.close()
+        stop.set()
+        thread.join(5)
+
+
+FAMILIES: dict[str, Callable[[bool], dict[str, float]]] = {
+    "p2p": _p2p, "kv": _kv, "control": _control,
+}
+
+
+def run(repeats: int = 5) -> dict[str, Any]:
+    """Interleaved plain/CURVE pairs per family; medians and per-pair ratios."""
+    results: dict[str, Any] = {}
+    for family, measure in FAMILIES.items():
+        pairs = [(measure(False), measure(True)) for _ in range(repeats)]
+        summary: dict[str, float] = {}
+        for key in ("throughput", "latency_us", "connect_ms"):
+            plain = [p[key] for p, _ in pairs]
+            curve = [c[key] for _, c in pairs]
+            summary[f"plain_{key}"] = round(_p50(plain), 1)
+            summary[f"curve_{key}"] = round(_p50(curve), 1)
+            summary[f"ratio_{key}"] = round(_p50([c / p for p, c in zip(plain, curve,
+                                                                         strict=True)]), 3)
+        summary["added_latency_us"] = round(summary["curve_latency_us"]
+                                            - summary["plain_latency_us"], 1)
+        results[family] = summary
+    return {"repeats": repeats, "families": results}
+
+
+def render(data: dict[str, Any]) -> str:
+    lines = [f"CURVE vs plain, {data['repeats']} interleaved pairs per family (medians; ratio "
+             "= median of per-pair CURVE/plain)", "",
+             "| family | throughput plain | CURVE | ratio | latency p50 plain (us) | CURVE | "
+             "added (us) | connect plain (ms) | CURVE |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for family, s in data["families"].items():
+        lines.append(
+            f"| {family} | {s['plain_throughput']:.0f}/s | {s['curve_throughput']:.0f}/s | "
+            f"{s['ratio_throughput']:.2f}x | {s['plain_latency_us']:.0f} | "
+            f"{s['curve_latency_us']:.0f} | {s['added_latency_us']:+.0f} | "
+            f"{s['plain_connect_ms']:.1f} | {s['curve_connect_ms']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.curve_cost")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-write", action="store_true", help="do not write the JSON file")
+    args = parser.parse_args(argv)
+    data = run(args.repeats)
+    print(render(data))
+    if not args.no_write:
+        _RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
