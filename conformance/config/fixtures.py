@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -55,12 +56,23 @@ def contract_spec(
     request: pytest.FixtureRequest,
     override: Callable[..., Any] | Any | None,
     contract: str | None,
+    *,
+    env: str | None = None,
+    load: Callable[..., Any] | None = None,
 ) -> Any:
     """The spec a suite of ``contract`` (``None``: the session's) tests.
 
     ``override`` is the user's ``zmq_transport_factory``: it applies when
-    ``contract`` is the session's contract. Family fixtures call this.
+    ``contract`` is the session's contract. Family fixtures call this. A
+    family that lets an environment variable name its implementation passes
+    ``env`` and its ``load(path, option=env)``: a set variable beats both.
     """
+    target = os.environ.get(env) if env else None
+    if target and load is not None:
+        try:
+            return load(target, option=env)
+        except ConfigError as exc:
+            pytest.fail(str(exc), pytrace=False)
     try:
         session = configured_contract(request.config)
         if override is None or (contract is not None and contract != session.name):

@@ -13,14 +13,12 @@ in setup, before Hypothesis runs it, with one sentence naming the clause
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 
 from conformance.config.fixtures import contract_spec
 from conformance.contracts.control.spec import ControlSpec, load
-from conformance.errors import ConfigError
 
 #: Environment variable naming an implementation, beating the configuration.
 ENV_TARGET = "ZMQ_CONFORMANCE_CONTROL"
@@ -30,13 +28,8 @@ CONTRACT = "control"
 @pytest.fixture
 def control_spec(request: pytest.FixtureRequest, zmq_transport_factory: Any) -> ControlSpec:
     """The control implementation under test."""
-    override = os.environ.get(ENV_TARGET)
-    if override:
-        try:
-            return load(override, option=ENV_TARGET)
-        except ConfigError as exc:
-            pytest.fail(str(exc), pytrace=False)
-    spec: ControlSpec = contract_spec(request, zmq_transport_factory, CONTRACT)
+    spec: ControlSpec = contract_spec(request, zmq_transport_factory, CONTRACT,
+                                   env=ENV_TARGET, load=load)
     return spec
 
 

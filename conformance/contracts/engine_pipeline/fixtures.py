@@ -8,7 +8,6 @@ user's ``zmq_transport_factory`` fixture); ``ZMQ_CONFORMANCE_ENGINE_PIPELINE``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 from conformance.config.fixtures import contract_spec
 from conformance.contracts.engine_pipeline.harness import Rig
 from conformance.contracts.engine_pipeline.spec import PipelineSpec, load
-from conformance.errors import ConfigError
 
 #: Environment variable naming an implementation, beating the configuration.
 ENV_TARGET = "ZMQ_CONFORMANCE_ENGINE_PIPELINE"
@@ -27,13 +25,8 @@ CONTRACT = "engine-pipeline"
 @pytest.fixture
 def pipeline_spec(request: pytest.FixtureRequest, zmq_transport_factory: Any) -> PipelineSpec:
     """The engine-pipeline implementation under test."""
-    override = os.environ.get(ENV_TARGET)
-    if override:
-        try:
-            return load(override, option=ENV_TARGET)
-        except ConfigError as exc:
-            pytest.fail(str(exc), pytrace=False)
-    spec: PipelineSpec = contract_spec(request, zmq_transport_factory, CONTRACT)
+    spec: PipelineSpec = contract_spec(request, zmq_transport_factory, CONTRACT,
+                                    env=ENV_TARGET, load=load)
     return spec
 
 
