@@ -94,3 +94,29 @@ def contract_spec_from_path(contract: Contract, path: str, *,
     check_fits(factory, contract, path=path, option=option)
     return contract.spec_builder()(factory, name=path, overrides=overrides,
                                    origin="--zmq-capability")
+
+
+def implementation_sides(
+    factory: Any, sides: tuple[str, str], *, name: str | None
+) -> tuple[str, Any, dict[str, Any]]:
+    """Resolve an implementation object of a two-sided contract (control, engine pipeline).
+
+    ``factory`` is the object with the ``sides`` factories as attributes, or a
+    zero-argument callable returning one. Returns its label, the object and
+    each side's factory (``None`` where it has none); a side that is not
+    callable, or a callable that raises, is a :class:`ConfigError`.
+    """
+    label = name or f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
+    target = factory
+    if not any(hasattr(target, side) for side in sides) and callable(target):
+        try:
+            target = target()
+        except Exception as exc:
+            raise ConfigError(f"{label}: calling it for the implementation raised "
+                              f"{type(exc).__name__}: {exc}") from None
+    found = {side: getattr(target, side, None) for side in sides}
+    for side, side_factory in found.items():
+        if side_factory is not None and not callable(side_factory):
+            raise ConfigError(f"{label}: {side} is a {type(side_factory).__name__}, "
+                              "not a factory")
+    return label, target, found

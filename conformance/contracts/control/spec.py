@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+from conformance.config.loading import implementation_sides
 from conformance.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -178,20 +179,8 @@ def make_spec(factory: Any, *, name: str | None = None,
     """Build a :class:`ControlSpec` from an implementation object (``server``/``client``
     factories), or from a zero-argument callable returning one; ``overrides`` (from
     ``--capability``) win over what the server factory declares."""
-    label = name or f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
-    target = factory
-    if not (hasattr(target, "server") or hasattr(target, "client")) and callable(target):
-        try:
-            target = target()
-        except Exception as exc:
-            raise ConfigError(f"{label}: calling it for the implementation raised "
-                              f"{type(exc).__name__}: {exc}") from None
-    server = getattr(target, "server", None)
-    client = getattr(target, "client", None)
-    for side, side_factory in (("server", server), ("client", client)):
-        if side_factory is not None and not callable(side_factory):
-            raise ConfigError(f"{label}: {side} is a {type(side_factory).__name__}, "
-                              "not a factory")
+    label, _target, found = implementation_sides(factory, ("server", "client"), name=name)
+    server, client = found["server"], found["client"]
     if server is None and client is None:
         raise ConfigError(f"{label}: the control contract needs an object with a 'server' "
                           f"and/or a 'client' factory, e.g. {DEFAULT_TARGET}")

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import pytest
 
+from conformance.config.loading import implementation_sides
 from conformance.errors import ConfigError
 
 DEFAULT_TARGET = "reference_impl.engine_pipeline:REFERENCE"
@@ -140,20 +141,8 @@ def make_spec(factory: Any, *, name: str | None = None,
     """Build a :class:`PipelineSpec` from an implementation object, or from a zero-argument
     callable returning one; ``overrides`` (from ``--capability``) win over its
     ``capabilities``."""
-    label = name or f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
-    target = factory
-    if not (hasattr(target, "engine") or hasattr(target, "client")) and callable(target):
-        try:
-            target = target()
-        except Exception as exc:
-            raise ConfigError(f"{label}: calling it for the implementation raised "
-                              f"{type(exc).__name__}: {exc}") from None
-    engine = getattr(target, "engine", None)
-    client = getattr(target, "client", None)
-    for side, side_factory in (("engine", engine), ("client", client)):
-        if side_factory is not None and not callable(side_factory):
-            raise ConfigError(f"{label}: {side} is a {type(side_factory).__name__}, "
-                              "not a factory")
+    label, target, found = implementation_sides(factory, ("engine", "client"), name=name)
+    engine, client = found["engine"], found["client"]
     if engine is None and client is None:
         raise ConfigError(f"{label}: the engine-pipeline contract needs an object with an "
                           f"'engine' and/or a 'client' factory, e.g. {DEFAULT_TARGET}")
