@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
+import requests
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
@@ -46,6 +47,12 @@ ToxicType = Literal[
 ]
 
 _HTTP_TIMEOUT_S = 30.0
+#: What a call that hangs while the server still runs usually is (see docs/chaos.md).
+_HUNG_HINT = (
+    "; a control call that hangs while the server runs is toxiproxy-server's RemoveToxic "
+    "deadlock (a toxic whose reader is stalled, e.g. a paused node; Shopify/toxiproxy#558), "
+    "which wedges that proxy's API for good"
+)
 _STATUS_OF: dict[type[Exception], int] = {NotFound: 404, ProxyExists: 409, InvalidToxic: 400}
 _API_LOCK = threading.RLock()
 
@@ -119,6 +126,8 @@ class Toxiproxy:
 
     def __init__(self, host: str, port: int, *, lease: ServerLease | None = None) -> None:
         self.host = host
+        #: Seconds an API call may take before the server counts as stopped answering.
+        self.http_timeout_s = _HTTP_TIMEOUT_S
         self.port = port
         self.lease = lease
         self.prefix = _worker_prefix()
@@ -154,7 +163,9 @@ class Toxiproxy:
                 code = _STATUS_OF[type(exc)]
                 raise ToxiproxyError(f"{what}: HTTP {code}: {_text(exc)}") from exc
             except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
-                raise FaultProxyStopped(self.describe_stop(f"{what}: {_reason(exc)}")) from exc
+                hint = _HUNG_HINT if isinstance(exc, requests.Timeout) else ""
+                raise FaultProxyStopped(
+                    self.describe_stop(f"{what}: {_reason(exc)}{hint}")) from exc
 
     def describe_stop(self, cause: str) -> str:
         """Why the server does not answer (see ``ServerLease.describe_stop``)."""
@@ -191,13 +202,17 @@ class Toxiproxy:
         what = f"{method} {path}"
         with self._api(what) as api:
             if method == "GET":
-                resp = api.get(path, timeout=_HTTP_TIMEOUT_S)
+                resp = api.get(path, timeout=self.http_timeout_s)
             elif method == "POST":
-                resp = api.post(path, json=body, timeout=_HTTP_TIMEOUT_S)
+                resp = api.post(path, json=body, timeout=self.http_timeout_s)
             elif method == "DELETE":
-                resp = api.delete(path, timeout=_HTTP_TIMEOUT_S)
+                resp = api.delete(path, timeout=self.http_timeout_s)
             else:
                 raise ValueError(f"unsupported method {method!r}")
+        if resp.status_code == 503:
+            # toxiproxy-server's own handler timeout: the call hung inside the server.
+            raise FaultProxyStopped(self.describe_stop(
+                f"{what}: HTTP 503 {resp.text.strip()[:200]}{_HUNG_HINT}"))
         if resp.status_code >= 300:
             raise ToxiproxyError(f"{what}: HTTP {resp.status_code}: {resp.text.strip()}")
         return resp.json() if resp.content else None

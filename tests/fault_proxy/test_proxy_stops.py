@@ -12,10 +12,14 @@ false verdict a fresh-clone CI run once reported 5 of 5 times.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +101,75 @@ def test_a_paused_proxy_is_named_as_still_there_but_stopped(own_server: Toxiprox
         process.send_signal(signal.SIGCONT)
     assert problem is not None
     assert f"its process {process.pid} is still there (stopped: SIGSTOP" in problem
+
+
+class _Pump:
+    """A TCP server that writes to each client as fast as the client lets it."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.closed = threading.Event()
+        self.sent = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while not self.closed.is_set():
+                conn, _ = self.listener.accept()
+                threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
+
+    def _pump(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            while not self.closed.is_set():
+                conn.sendall(b"x" * 65536)
+                self.sent += 65536
+
+    def wait_blocked(self, quiet_s: float = 0.3, timeout_s: float = 15.0) -> None:
+        """Until nothing more could be written for ``quiet_s``: the chain is full."""
+        deadline = time.monotonic() + timeout_s
+        last, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            if self.sent != last:
+                last, since = self.sent, time.monotonic()
+            elif self.sent and time.monotonic() - since >= quiet_s:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the writer never blocked within {timeout_s} s (sent {last})")
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+def test_the_real_servers_remove_toxic_deadlock_is_a_run_error_naming_it() -> None:
+    """What stopped the real server in CI: toxiproxy-server 2.x's RemoveToxic never
+    returns while the toxic's reader is stalled (a SIGSTOPped node does not read), and
+    that proxy's API stays wedged after the reader resumes (Shopify/toxiproxy#558).
+    A heal that hangs this way is a run error naming the server, still running."""
+    binary = _real_binary()
+    if binary is None:
+        pytest.skip(f"no real {BINARY} (set {ENV_SERVER} or put one on PATH)")
+    lease = start_binary(binary)
+    handle = Toxiproxy(lease.host, lease.port, lease=lease)
+    pump = _Pump()
+    try:
+        proxy = handle.create_proxy("stalled", upstream=f"127.0.0.1:{pump.port}")
+        proxy.add_toxic("latency", latency=20)
+        with socket.create_connection((proxy.listen_host, proxy.listen_port)):
+            # The client never reads: the proxy's writer blocks on a full socket.
+            assert handle.problem() is None
+            pump.wait_blocked()  # the backlog fills the kernel buffers and the toxic
+            handle.http_timeout_s = 2.0
+            with pytest.raises(FaultProxyStopped) as caught:
+                proxy.remove_toxic("latency_downstream")
+        message = str(caught.value)
+        assert f"the fault proxy at {handle.url} ({BINARY} " in message
+        assert "timed out" in message and "Shopify/toxiproxy#558" in message
+        assert "is still there (running)" in message
+    finally:
+        pump.close()
+        lease.stop()
 
 
 @pytest.fixture
