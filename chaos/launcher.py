@@ -151,7 +151,8 @@ atexit.register(_stop_all_at_exit)
 
 
 def _process_state(pid: int) -> str:
-    """``running``, ``stopped (SIGSTOP or a tracer)``, ``zombie`` or ``unknown``."""
+    """The process's state in words: running, stopped (SIGSTOP or a tracer), a zombie,
+    or unknown (no ``/proc``)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             code = stat.read().rsplit(")", 1)[1].split()[0]
