@@ -221,7 +221,7 @@ def test_a_run_whose_proxy_died_exits_3_with_the_run_error_and_no_verdict(
     (project / "dying_suite").mkdir()
     (project / "dying_suite" / "test_dying.py").write_text(textwrap.dedent(_TRAFFIC_SUITE))
     result = run_cli(project, "run", "--suite", "dying_suite", "--chaos",
-                     "--transport", "fakes:Good", "--json", "r.json",
+                     "--transport", "fakes:Good", "--json", "r.json", "-n", "0",
                      env={"TOXIPROXY_URL": "", "TOXIPROXY_SERVER": ""})
     output = result.stdout + result.stderr
     assert result.returncode == 3, output
