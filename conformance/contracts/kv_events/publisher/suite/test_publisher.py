@@ -10,6 +10,7 @@ the clause.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from typing import Any
 
@@ -247,17 +248,25 @@ def test_publish_never_blocks_without_or_with_a_stalled_subscriber(
 def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: PublisherSpec) -> None:
     """With a small queue (the factory's ``max_queue``) and batches that take the
     publisher ~1 ms each, a burst of publish() calls must not run at the publisher's
-    pace: the caller may spend at most a quarter of the time encoding those batches
-    takes. What is shed is reported (publish() raised, or stats()["dropped"]), and what
-    is published stays in order."""
+    pace: a call on the full queue may typically (the median of the burst's calls)
+    take at most a quarter of the CPU time encoding one batch takes (the median of
+    five encodes), a lower bound of what the publisher spends per batch, since it
+    does that work too. Medians and CPU time, because on a loaded machine a few
+    calls, or one encode, are preempted for milliseconds: the sum of the calls
+    against one encode's wall time made the reference fail and a waiting publish()
+    pass. What is shed is reported (publish() raised, or
+    stats()["dropped"]), and what is published stays in order."""
     if not accepts(kv_publisher_spec.factory, "max_queue"):
         pytest.skip("The factory takes no max_queue keyword, so the suite cannot make its "
                     "queue small enough to fill.")
     heavy = _heavy_batch()
     encoding: Any = kv_publisher_spec.encoding
-    started = time.perf_counter()
-    encode_batch(heavy, encoding)
-    one = time.perf_counter() - started  # a lower bound of what a batch costs the publisher
+    encodes = []
+    for _ in range(5):  # CPU time: what a batch costs the publisher at least, load or not
+        started = time.thread_time()
+        encode_batch(heavy, encoding)
+        encodes.append(time.thread_time() - started)
+    one = statistics.median(encodes)
     burst = 300
     with _rig(kv_publisher_spec, "EVT-3", max_queue=8) as rig:
         reader = rig.sub()
@@ -265,15 +274,17 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         before = dict(rig.stats())
         copies = [msgspec.structs.replace(heavy, ts=float(10**9 + i)) for i in range(burst)]
         accepted = len(rig.model)
-        started = rig.publish_seconds  # the implementation's own time (a driver's too)
+        calls: list[float] = []  # the implementation's own time of each (a driver's too)
         for batch in copies:
+            started = rig.publish_seconds
             accepted += rig.publish(batch, track=False)
-        spent = rig.publish_seconds - started
-        budget = (burst - 8) * one / 4
-        assert spent <= budget, (
-            f"EVT-3: {burst} publish() calls on a full queue took {spent * 1000:.0f} ms, "
-            f"more than a quarter of the {(burst - 8) * one * 1000:.0f} ms the publisher "
-            f"needs to encode them: publish() waits for the publisher instead of shedding"
+            calls.append(rig.publish_seconds - started)
+        typical = statistics.median(calls[8:])  # the calls on a full queue
+        assert typical <= one / 4, (
+            f"EVT-3: a publish() call on a full queue typically took {typical * 1000:.2f} ms "
+            f"(the median of {burst - 8}), more than a quarter of the {one * 1000:.2f} ms of CPU "
+            f"the publisher needs to encode one batch: publish() waits for the publisher "
+            f"instead of shedding"
         )
         # Publish markers until one arrives: then everything before it was published
         # or shed, and the counters are final.
