@@ -167,6 +167,11 @@ def test_the_real_servers_remove_toxic_deadlock_is_a_run_error_naming_it() -> No
         assert f"the fault proxy at {handle.url} ({BINARY} " in message
         assert "timed out" in message and "Shopify/toxiproxy#558" in message
         assert "is still there (running)" in message
+        # Deleting the wedged proxy still works (ChaosCluster.close relies on it), and
+        # then no later reset touches it.
+        proxy.destroy()
+        handle.reset()
+        assert handle.problem() is None and not handle.proxies()
     finally:
         pump.close()
         lease.stop()
