@@ -53,6 +53,7 @@ import logging
 import os
 import shutil
 import socket as _socket
+import struct
 import tempfile
 import threading
 import time
@@ -163,6 +164,10 @@ class EngineClient:
         self._ready = False
         self._io_thread: threading.Thread | None = None
         self._monitor: zmq.Socket[bytes] | None = None
+        #: Output connections accepted and still up (fds, from the monitor).
+        self._output_fds: set[int] = set()
+        #: The engines' output connections: those up when the client became ready.
+        self._engine_fds: frozenset[int] | None = None
         self._sockets: list[zmq.Socket[bytes]] = []
         self._zap: _curve.ZapHandler | None = None
         self._zap_thread: threading.Thread | None = None
@@ -173,6 +178,8 @@ class EngineClient:
             self._handshake = self._bind(zmq.ROUTER, endpoints["handshake"])
             self._input = self._bind(zmq.ROUTER, endpoints["input"], mandatory=True)
             self._output = self._bind(zmq.PULL, endpoints["output"], heartbeat=True)
+            if self.heartbeat_ivl_ms:
+                self._monitor = self._start_monitor()
         except BaseException:
             self._release()
             raise
@@ -309,6 +316,7 @@ class EngineClient:
                 if watch.exited():
                     self._die(f"engine {index} (pid {watch.pid}) exited during startup")
                     raise self._dead_error()
+        self._adopt_output_connections(deadline)
         self._ready = True
         self._io_thread = threading.Thread(target=self._io_loop, daemon=True,
                                            name=f"engine-client{self.client_index}-io")
@@ -473,8 +481,7 @@ class EngineClient:
         poller = zmq.Poller()
         poller.register(self._output, zmq.POLLIN)
         poller.register(self._handshake, zmq.POLLIN)
-        if self.heartbeat_ivl_ms:
-            self._monitor = self._start_monitor()
+        if self._monitor is not None:
             poller.register(self._monitor, zmq.POLLIN)
         for watch in self._watches.values():
             if watch.fd is not None:
@@ -538,19 +545,47 @@ class EngineClient:
                 self._state.notify_all()
 
     def _start_monitor(self) -> zmq.Socket[bytes]:
+        """Watch the output PULL from its bind on, so every engine's connection is seen."""
         endpoint = f"inproc://engine-client-monitor-{os.getpid()}-{next(_monitor_ids)}"
-        self._output.monitor(endpoint, zmq.EVENT_DISCONNECTED)
+        self._output.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         monitor = self._ctx.socket(zmq.PAIR)
         monitor.setsockopt(zmq.LINGER, 0)
         monitor.connect(endpoint)
         self._sockets.append(monitor)
         return monitor
 
+    def _adopt_output_connections(self, deadline: float) -> None:
+        """At ready: the output connections up now are the engines' (PIPE-14).
+
+        A lost connection is a dead engine only if it was one of these: a stranger's
+        garbage, a refused CURVE handshake or a port scan on the output port also
+        end in a disconnection, after ready (restart policy ``none``: no engine joins
+        later). Waits, within the ready deadline, until one connection per engine is
+        up (an engine connects its PUSH with its DEALER, so it is there already).
+        """
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while True:
+            while monitor.poll(0):
+                self._on_monitor_event(monitor.recv_multipart())
+            left = deadline - time.monotonic()
+            if len(self._output_fds) >= len(self.engine_indices) or left <= 0:
+                break
+            monitor.poll(int(min(left, 0.05) * 1000) + 1)
+        self._engine_fds = frozenset(self._output_fds)
+
     def _on_monitor_event(self, frames: list[bytes]) -> None:
-        event = int.from_bytes(frames[0][:2], "little") if frames and len(frames[0]) >= 2 else 0
-        if event == zmq.EVENT_DISCONNECTED:
-            self._die("an engine's output connection was lost (no heartbeat within "
-                      f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
+        if not frames or len(frames[0]) < 6:
+            return
+        event, fd = struct.unpack("=HI", frames[0][:6])
+        if event == zmq.EVENT_ACCEPTED:
+            self._output_fds.add(fd)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._output_fds.discard(fd)
+            if self._engine_fds is not None and fd in self._engine_fds:
+                self._die("an engine's output connection was lost (no heartbeat within "
+                          f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
 
     # -- death and close ------------------------------------------------------------
 
@@ -588,8 +623,8 @@ class EngineClient:
             self._state.notify_all()
         if self._io_thread is not None:
             self._io_thread.join(CLOSE_BOUND_S / 2)
-        if self._monitor is not None and self._io_thread is not None \
-                and not self._io_thread.is_alive():
+        if self._monitor is not None and (self._io_thread is None
+                                          or not self._io_thread.is_alive()):
             self._output.disable_monitor()
         self._release()
 
