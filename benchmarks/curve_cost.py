@@ -1,7 +1,8 @@
 """The cost of authentication: each reference with CURVE on vs off, in the same run.
 
 ``python -m benchmarks.curve_cost [--repeats N]`` prints a Markdown table and
-writes ``benchmarks/results/curve.json``. For every family the plain and the
+writes ``benchmarks/results/curve.json``; ``python -m benchmarks --only curve``
+runs the same as a section of the benchmark report. For every family the plain and the
 CURVE variant run in ``N`` interleaved pairs (plain, CURVE, plain, ...), so
 a change in machine load hits both; the table gives medians and the median
 of the per-pair ratios:
@@ -11,7 +12,11 @@ of the per-pair ratios:
 - ``kv``: batches per second from the reference publisher to the reference
   subscriber, and the publish-to-delivery latency p50;
 - ``control``: request/reply round trips per second (the p50 round trip is
-  the latency).
+  the latency);
+- ``engine_pipeline``: requests per second through the reference client and
+  engine (the engine in a thread of the same process; 400 requests of two
+  tokens each in flight at once), and the p50 of one request's round trip
+  (``add()`` to its finishing output, one token).
 
 The CURVE keys are fresh per variant; what is measured is the steady state
 after the handshake (CURVE's per-message cost: a Curve25519/XSalsa20-Poly1305
@@ -25,7 +30,8 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ _RESULTS = Path(__file__).resolve().parent / "results" / "curve.json"
 _P2P_MESSAGES = 5000
 _ROUND_TRIPS = 300
 _KV_BATCHES = 3000
+_PIPE_REQUESTS = 400
 
 
 def _p50(samples: list[float]) -> float:
@@ -175,15 +182,65 @@ def _control(curve: bool) -> dict[str, float]:
         thread.join(5)
 
 
+# -- engine pipeline ----------------------------------------------------------------------
+
+
+@contextmanager
+def _pipeline(curve: bool) -> Iterator[tuple[Any, float]]:
+    """A ready reference client and engine (in a thread); yields (client, connect ms)."""
+    from reference_impl.engine_pipeline import EngineClient, EngineCore, FakeModel
+
+    creds = SuiteCredentials.generate()
+    started = time.perf_counter()
+    client = EngineClient("tcp", **(creds.server_kwargs() if curve else {}))
+    engine = EngineCore([client.handshake_address], engine_index=0, model=FakeModel(),
+                        **(creds.client_kwargs() if curve else {}))
+    thread = threading.Thread(target=engine.serve, daemon=True, name="bench-engine")
+    thread.start()
+    try:
+        client.wait_ready()
+        yield client, (time.perf_counter() - started) * 1000
+    finally:
+        engine.shutdown()
+        thread.join(5)
+        client.close()
+
+
+def _finished(client: Any, count: int) -> None:
+    done = 0
+    while done < count:
+        done += sum(1 for out in client.outputs(1000) if out.finished)
+
+
+def _engine_pipeline(curve: bool) -> dict[str, float]:
+    with _pipeline(curve) as (client, connect_ms):
+        client.add("warm-up", [1], 2)
+        _finished(client, 1)
+        started = time.perf_counter()
+        for n in range(_PIPE_REQUESTS):
+            client.add(f"t{n}", [1], 2)
+        _finished(client, _PIPE_REQUESTS)
+        throughput = _PIPE_REQUESTS / (time.perf_counter() - started)
+        rtts: list[float] = []
+        for n in range(_ROUND_TRIPS):
+            t0 = time.perf_counter()
+            client.add(f"l{n}", [1], 1)
+            _finished(client, 1)
+            rtts.append((time.perf_counter() - t0) * 1e6)
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+
+
 FAMILIES: dict[str, Callable[[bool], dict[str, float]]] = {
-    "p2p": _p2p, "kv": _kv, "control": _control,
+    "p2p": _p2p, "kv": _kv, "control": _control, "engine_pipeline": _engine_pipeline,
 }
 
 
-def run(repeats: int = 5) -> dict[str, Any]:
+def run(repeats: int = 5, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Interleaved plain/CURVE pairs per family; medians and per-pair ratios."""
     results: dict[str, Any] = {}
     for family, measure in FAMILIES.items():
+        if progress is not None:
+            progress(f"curve: {family}, {repeats} plain/CURVE pairs")
         pairs = [(measure(False), measure(True)) for _ in range(repeats)]
         summary: dict[str, float] = {}
         for key in ("throughput", "latency_us", "connect_ms"):
@@ -199,9 +256,11 @@ def run(repeats: int = 5) -> dict[str, Any]:
     return {"repeats": repeats, "families": results}
 
 
-def render(data: dict[str, Any]) -> str:
-    lines = [f"CURVE vs plain, {data['repeats']} interleaved pairs per family (medians; ratio "
-             "= median of per-pair CURVE/plain)", "",
+def markdown(data: dict[str, Any]) -> list[str]:
+    """The section of the benchmark report (lines)."""
+    lines = ["## The cost of CURVE, per family", "",
+             f"CURVE vs plain, {data['repeats']} interleaved pairs per family (medians; ratio "
+             "= median of per-pair CURVE/plain; wall time on a possibly loaded machine)", "",
              "| family | throughput plain | CURVE | ratio | latency p50 plain (us) | CURVE | "
              "added (us) | connect plain (ms) | CURVE |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -211,7 +270,7 @@ def render(data: dict[str, Any]) -> str:
             f"{s['ratio_throughput']:.2f}x | {s['plain_latency_us']:.0f} | "
             f"{s['curve_latency_us']:.0f} | {s['added_latency_us']:+.0f} | "
             f"{s['plain_connect_ms']:.1f} | {s['curve_connect_ms']:.1f} |")
-    return "\n".join(lines)
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON file")
     args = parser.parse_args(argv)
     data = run(args.repeats)
-    print(render(data))
+    print("\n".join(markdown(data)))
     if not args.no_write:
         _RESULTS.write_text(json.dumps(data, indent=2) + "\n")
     return 0
