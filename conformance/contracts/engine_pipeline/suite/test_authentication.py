@@ -25,10 +25,12 @@ reference, keyed the same way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import pytest
+import zmq
 
 from conformance.contracts.engine_pipeline.harness import (
     PROCESS_READY_S,
@@ -40,7 +42,8 @@ from conformance.contracts.engine_pipeline.peers import RawClient, RawEngine
 from conformance.contracts.engine_pipeline.spec import PipelineSpec
 from conformance.testing.credentials import KeyPair, SuiteCredentials, as_client, as_server
 from conformance.testing.credentials import secrets_in as leaked_secrets
-from reference_impl.engine_pipeline.wire import EngineOutput
+from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline.wire import ENGINE_CORE_DEAD, EngineOutput, EngineOutputs
 
 CLAUSE = "PIPE-13"
 #: How long a stranger waits for an answer it must not get (seconds).
@@ -93,9 +96,14 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     finish_ready()
     rid = request_id("p13-")
     guarded("add()", lambda: client.add(rid, [1], 20), 5.0)
+    forged = [bytes(f) for f in wire.Encoder().encode(
+        EngineOutputs(0, [EngineOutput(rid, [_FORGED_TOKEN])]))]
     for _, stranger in strangers:
-        stranger.send_outputs([EngineOutput(rid, [_FORGED_TOKEN])])
-        stranger.send_dead()
+        assert stranger.push is not None
+        for frames in (forged, [ENGINE_CORE_DEAD]):
+            # A refused handshake leaves the PUSH without a peer: a blocking send would hang.
+            with contextlib.suppress(zmq.Again):
+                stranger.push.send_multipart(frames, zmq.NOBLOCK)
     for kind, stranger in strangers:
         got = stranger.requests(_STRANGER_WAIT_S)
         assert not got, (f"{CLAUSE}: a {kind} stranger with engine 0's identity received "
