@@ -1,4 +1,4 @@
-"""The engine-pipeline contract (PIPE-1..12) on the ``vllm-v1`` profile: reference sides.
+"""The engine-pipeline contract (PIPE-1..14) on the ``vllm-v1`` profile: reference sides.
 
 vLLM V1's API servers talk to their EngineCore processes over ZeroMQ: a
 ROUTER and a PULL bound by each client, a DEALER and a PUSH per client
