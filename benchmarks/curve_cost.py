@@ -18,7 +18,10 @@ of the per-pair ratios:
   tokens each in flight at once), and the p50 of one request's round trip
   (``add()`` to its finishing output, one token).
 
-The CURVE keys are fresh per variant; what is measured is the steady state
+Both ends run in this process, so the process CPU time over the throughput
+phase, per message, is the cost on the machine whatever else runs on it
+(``cpu_us``, the figure to trust on a loaded machine); wall-time figures
+move with the load. The CURVE keys are fresh per variant; what is measured is the steady state
 after the handshake (CURVE's per-message cost: a Curve25519/XSalsa20-Poly1305
 box per frame), plus, separately, the time to connect and handshake.
 """
@@ -72,6 +75,7 @@ def _p2p(curve: bool) -> dict[str, float]:
         connect_ms = (time.perf_counter() - started) * 1000
         payload = {"p": "x" * 48}
         started = time.perf_counter()
+        cpu_started = time.process_time()
         sent = got = 0
         while got < _P2P_MESSAGES:
             while sent < _P2P_MESSAGES and sent - got < 500:  # below the send HWM
@@ -80,6 +84,7 @@ def _p2p(curve: bool) -> dict[str, float]:
             b.poll()
             got += len(inbound.recv())
         throughput = _P2P_MESSAGES / (time.perf_counter() - started)
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / _P2P_MESSAGES
         rtts: list[float] = []
         for n in range(_ROUND_TRIPS):
             t0 = time.perf_counter()
@@ -90,7 +95,8 @@ def _p2p(curve: bool) -> dict[str, float]:
             while not out.recv():
                 a.poll()
             rtts.append((time.perf_counter() - t0) * 1e6)
-        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
     finally:
         a.close()
         b.close()
@@ -119,12 +125,14 @@ def _kv(curve: bool) -> dict[str, float]:
         while sub.poll(20):
             pass
         started = time.perf_counter()
+        cpu_started = time.process_time()
         for _ in range(_KV_BATCHES):
             pub.publish(batch)
         got = 0
         while got < _KV_BATCHES:
             got += len(sub.poll(50))
         throughput = _KV_BATCHES / (time.perf_counter() - started)
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / _KV_BATCHES
         lat: list[float] = []
         for _ in range(_ROUND_TRIPS):
             t0 = time.perf_counter()
@@ -132,7 +140,8 @@ def _kv(curve: bool) -> dict[str, float]:
             while not sub.poll(5):
                 pass
             lat.append((time.perf_counter() - t0) * 1e6)
-        return {"throughput": throughput, "latency_us": _p50(lat), "connect_ms": connect_ms}
+        return {"throughput": throughput, "latency_us": _p50(lat), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
     finally:
         sub.close()
         pub.shutdown()
@@ -170,12 +179,15 @@ def _control(curve: bool) -> dict[str, float]:
         connect_ms = (time.perf_counter() - started) * 1000
         rtts: list[float] = []
         started = time.perf_counter()
+        cpu_started = time.process_time()
         for n in range(_ROUND_TRIPS * 3):
             t0 = time.perf_counter()
             client.request("ECHO", {"n": n})
             rtts.append((time.perf_counter() - t0) * 1e6)
         throughput = len(rtts) / (time.perf_counter() - started)
-        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / len(rtts)
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
     finally:
         client.close()
         stop.set()
@@ -217,17 +229,20 @@ def _engine_pipeline(curve: bool) -> dict[str, float]:
         client.add("warm-up", [1], 2)
         _finished(client, 1)
         started = time.perf_counter()
+        cpu_started = time.process_time()
         for n in range(_PIPE_REQUESTS):
             client.add(f"t{n}", [1], 2)
         _finished(client, _PIPE_REQUESTS)
         throughput = _PIPE_REQUESTS / (time.perf_counter() - started)
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / _PIPE_REQUESTS
         rtts: list[float] = []
         for n in range(_ROUND_TRIPS):
             t0 = time.perf_counter()
             client.add(f"l{n}", [1], 1)
             _finished(client, 1)
             rtts.append((time.perf_counter() - t0) * 1e6)
-        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
 
 
 FAMILIES: dict[str, Callable[[bool], dict[str, float]]] = {
@@ -243,7 +258,7 @@ def run(repeats: int = 5, progress: Callable[[str], None] | None = None) -> dict
             progress(f"curve: {family}, {repeats} plain/CURVE pairs")
         pairs = [(measure(False), measure(True)) for _ in range(repeats)]
         summary: dict[str, float] = {}
-        for key in ("throughput", "latency_us", "connect_ms"):
+        for key in ("throughput", "latency_us", "connect_ms", "cpu_us"):
             plain = [p[key] for p, _ in pairs]
             curve = [c[key] for _, c in pairs]
             summary[f"plain_{key}"] = round(_p50(plain), 1)
@@ -261,13 +276,14 @@ def markdown(data: dict[str, Any]) -> list[str]:
     lines = ["## The cost of CURVE, per family", "",
              f"CURVE vs plain, {data['repeats']} interleaved pairs per family (medians; ratio "
              "= median of per-pair CURVE/plain; wall time on a possibly loaded machine)", "",
-             "| family | throughput plain | CURVE | ratio | latency p50 plain (us) | CURVE | "
-             "added (us) | connect plain (ms) | CURVE |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| family | throughput plain | CURVE | ratio | CPU per op plain (us) | CURVE | "
+             "ratio | latency p50 plain (us) | CURVE | added (us) | connect plain (ms) | CURVE |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for family, s in data["families"].items():
         lines.append(
             f"| {family} | {s['plain_throughput']:.0f}/s | {s['curve_throughput']:.0f}/s | "
-            f"{s['ratio_throughput']:.2f}x | {s['plain_latency_us']:.0f} | "
+            f"{s['ratio_throughput']:.2f}x | {s['plain_cpu_us']:.0f} | {s['curve_cpu_us']:.0f} | "
+            f"{s['ratio_cpu_us']:.2f}x | {s['plain_latency_us']:.0f} | "
             f"{s['curve_latency_us']:.0f} | {s['added_latency_us']:+.0f} | "
             f"{s['plain_connect_ms']:.1f} | {s['curve_connect_ms']:.1f} |")
     return [*lines, ""]
