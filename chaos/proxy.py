@@ -174,10 +174,12 @@ class Toxiproxy:
         return (f"the fault proxy at {self.url} (external server) stopped answering "
                 f"({cause}); not started by this run, so no exit status")
 
-    def problem(self, timeout: float = 2.0) -> str | None:
+    def problem(self, timeout: float = 10.0) -> str | None:
         """``None`` while the server answers ``GET /version`` within ``timeout``; else
-        the account of its stop, for a run error (cheap: used after a failure to tell
-        a dead proxy from a defect of the implementation)."""
+        the account of its stop, for a run error (used after a failure to tell a dead
+        proxy from a defect of the implementation; the timeout is generous, since a
+        live server that answers late on a loaded machine must not turn a real
+        failure into a run error)."""
         process = self.lease.process if self.lease is not None else None
         if process is not None and process.poll() is not None:
             return self.describe_stop("its process exited")

@@ -78,6 +78,7 @@ def test_an_api_call_to_a_killed_proxy_is_a_run_error_with_exit_status_and_log(
 ) -> None:
     own_server.create_proxy("before", upstream="127.0.0.1:9")
     _kill(own_server)
+    assert own_server.lease is not None
     with pytest.raises(FaultProxyStopped) as caught:
         own_server.create_proxy("after", upstream="127.0.0.1:9")
     message = str(caught.value)
@@ -90,12 +91,21 @@ def test_an_api_call_to_a_killed_proxy_is_a_run_error_with_exit_status_and_log(
     assert own_server.problem() is not None
 
 
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def test_a_paused_proxy_is_named_as_still_there_but_stopped(own_server: Toxiproxy) -> None:
-    assert own_server.problem() is None
+    assert own_server.problem(timeout=15.0) is None
     assert own_server.lease is not None and own_server.lease.process is not None
     process = own_server.lease.process
     process.send_signal(signal.SIGSTOP)
     try:
+        deadline = time.monotonic() + 5.0
+        while not _stopped(process.pid):
+            assert time.monotonic() < deadline, "the server never reached the stopped state"
+            time.sleep(0.005)
         problem = own_server.problem(timeout=0.5)
     finally:
         process.send_signal(signal.SIGCONT)
