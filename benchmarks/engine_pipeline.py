@@ -403,6 +403,7 @@ def run(repeats: int = 5, progress: Callable[[str], None] = print) -> dict[str, 
             "ratio": statistics.median(r.value / b.value for r, b in rows),
             "cpu_ratio": statistics.median(b.cpu_s / r.cpu_s for r, b in rows),
             "per_trial": [round(r.value / b.value, 3) for r, b in rows],
+            "cpu_per_trial": [round(b.cpu_s / r.cpu_s, 3) for r, b in rows],
         }
     for q in (50, 99):
         quantiles = [(percentile(sorted(r.samples), q), percentile(sorted(b.samples), q))
@@ -416,6 +417,7 @@ def run(repeats: int = 5, progress: Callable[[str], None] = print) -> dict[str, 
         }
     result["latency_cpu_ratio"] = statistics.median(
         b.cpu_s / r.cpu_s for r, b in trials["latency"])
+    result["latency_cpu_per_trial"] = [round(b.cpu_s / r.cpu_s, 3) for r, b in trials["latency"]]
     result["units"] = {"throughput": "tokens/s", "array": "1 MiB payloads/s round trip",
                        "cpu_ratio": "raw CPU s / reference CPU s, both processes"}
     result["trials"] = repeats
