@@ -50,6 +50,14 @@ with it, vLLM #55510).
 Options: ``handshake_timeout_ms`` (default 10000) bounds the wait for each
 WELCOME; ``heartbeat_ivl_ms``/``heartbeat_timeout_ms`` set ZMTP heartbeats
 on the engine's sockets (0: off).
+
+CURVE (off by default): the engine connects, so it is the CURVE *client*:
+``curve_client_secret_key`` (its own key) and ``curve_server_key`` (the
+clients' server public key, pinned) go on every socket it opens (handshake
+DEALER, request DEALER, output PUSH), before ``connect()``. A client at the
+address that does not hold the matching secret never completes a handshake,
+so it gets no HELLO and can send no request. The handshake socket refuses
+frames past 64 KiB (``ZMQ_MAXMSGSIZE``; WELCOME and REFUSED are tiny).
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ from typing import Any, Final
 
 import zmq
 
+from reference_impl import _curve
 from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.errors import (
     EngineFatal,
@@ -94,6 +103,8 @@ _BACKLOG_RETRY_S: Final = 0.005
 _INPUT_POLL_MS: Final = 50
 _INPUT_BATCH: Final = 1024
 _WATCH_EVERY_S: Final = 0.05
+#: Receive limit of the handshake socket (WELCOME, REFUSED).
+_HANDSHAKE_FRAME_LIMIT: Final = 64 << 10
 
 _Fatal = tuple[str, BaseException]
 
@@ -106,7 +117,11 @@ class EngineCore:
 
     def __init__(self, addresses: Sequence[str], *, engine_index: int, model: Any,
                  handshake_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
-                 heartbeat_timeout_ms: int = 0) -> None:
+                 heartbeat_timeout_ms: int = 0,
+                 curve_client_secret_key: bytes | str | None = None,
+                 curve_server_key: bytes | str | None = None) -> None:
+        # Checked first: a bad key is a ValueError before any socket exists.
+        self._curve = _curve.client_config(curve_client_secret_key, curve_server_key)
         if not addresses:
             raise ValueError("an engine needs the handshake address of at least one client")
         if not 0 <= engine_index < 1 << 16:
@@ -170,6 +185,8 @@ class EngineCore:
             sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
             sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_timeout_ms)
+        if self._curve is not None:
+            self._curve.apply(sock)  # before connect(): libzmq reads it per connection
         return sock
 
     def _handshake(self) -> None:
@@ -179,6 +196,7 @@ class EngineCore:
         })
         for address in self.addresses:
             hs = self._socket(zmq.DEALER)
+            hs.setsockopt(zmq.MAXMSGSIZE, _HANDSHAKE_FRAME_LIMIT)
             hs.setsockopt(zmq.LINGER, 500)  # READY must leave before a quick close
             hs.connect(address)
             self._handshakes.append(hs)
