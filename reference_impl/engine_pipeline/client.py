@@ -154,6 +154,8 @@ class EngineClient:
         self._state = threading.Condition()
         self._encoder = wire.Encoder()
         self._outputs: deque[RequestOutput] = deque()
+        #: Output messages delivered so far (the I/O thread wakes readers once per batch).
+        self._delivered = 0
         self._requests: dict[str, int] = {}
         self._calls: dict[int, Future[Any]] = {}
         self._call_ids = itertools.count(1)
@@ -490,12 +492,18 @@ class EngineClient:
             while not self._closed:
                 events = dict(poller.poll(_IO_POLL_MS))
                 if self._output in events:
+                    before = self._delivered
                     for _ in range(256):
                         try:
                             frames = self._output.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
                         self._on_output(frames, decoders)
+                    if self._delivered != before:
+                        # One wake-up per batch read, not per message: a reader woken
+                        # mid-batch would only contend for the GIL with this thread.
+                        with self._state:
+                            self._state.notify_all()
                 if self._handshake in events:
                     self._on_handshake(self._handshake.recv_multipart(), None, set())
                 if self._monitor is not None and self._monitor in events:
@@ -542,7 +550,7 @@ class EngineClient:
                                                    out.payload, out.detail))
                 delivered = True
             if delivered:
-                self._state.notify_all()
+                self._delivered += 1
 
     def _start_monitor(self) -> zmq.Socket[bytes]:
         """Watch the output PULL from its bind on, so every engine's connection is seen."""

@@ -428,7 +428,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "the engine reuses an output buffer once the last frame's tracker is done, not the "
        "payload frame's (vLLM #24655)", "PIPE-3"),
     _m("pipe_blocking_output_send", "BLOCKING_SEND",
-       "the engine's output thread blocks on a stalled client's high-water mark (#53859)",
+       "the engine's output send blocks on a stalled client's high-water mark (#53859)",
        "PIPE-4"),
     _m("pipe_sentinel_without_process_watch", "NO_PROCESS_WATCH",
        "the client waits for ENGINE_CORE_DEAD only: a SIGKILLed engine is never noticed "
