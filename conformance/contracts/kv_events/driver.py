@@ -11,14 +11,18 @@ protocol in its map form (``msgspec.to_builtins``: events tagged by
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
+import msgspec
+
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
+from conformance.drivers.serving import Refused, Service, accepts, declared, stats_of
 from conformance.supervision import watchdog
 from reference_impl.kv_events.publisher import PublisherClosedError
-from reference_impl.kv_events.schema import SchemaError, normalize
+from reference_impl.kv_events.schema import KVEventBatch, SchemaError, normalize
 
 __all__ = [
     "PUBLISHER_OPTIONS",
@@ -26,7 +30,9 @@ __all__ = [
     "DriverPublisher",
     "DriverSubscriber",
     "PublisherFactory",
+    "PublisherService",
     "SubscriberFactory",
+    "SubscriberService",
 ]
 
 PUBLISHER: Final = "kv-events-publisher"
@@ -45,6 +51,7 @@ PUBLISHER_ERRORS: ErrorTable = {
     "closed": lambda message, error: PublisherClosedError(message),
 }
 SUBSCRIBER_ERRORS: ErrorTable = {}
+_BYTES: Final = (bytes, bytearray, memoryview)
 
 
 class _Factory:
@@ -166,3 +173,78 @@ class DriverSubscriber(Remote):
 
     def stats(self) -> dict[str, int]:
         return _stats(self)
+
+
+# -- the Python driver's side (docs/drivers.md, section 6) ---------------------------
+
+
+class _KVService(Service):
+    """A KV-event factory ``factory(endpoint, replay_endpoint, *, topic, **options)``."""
+
+    constructor: ClassVar[str] = ""
+    known_options: ClassVar[tuple[str, ...]] = ()
+
+    def hello(self) -> dict[str, Any]:
+        answer = super().hello()
+        answer["capabilities"] = declared(self.target)
+        answer["options"] = [o for o in self.known_options if accepts(self.target, o)]
+        return answer
+
+    def _make(self, args: dict[str, Any]) -> tuple[Any, str, str]:
+        endpoint, replay = args.pop("endpoint"), args.pop("replay_endpoint")
+        return self.target(endpoint, replay, **args), endpoint, replay
+
+
+class PublisherService(_KVService):
+    """The Python driver's side of ``kv-events-publisher``."""
+
+    constructors = ("publisher",)
+    known_options = PUBLISHER_OPTIONS
+    error_kinds = ((PublisherClosedError, "closed"),)
+
+    def _construct_publisher(self, args: dict[str, Any]) -> Any:
+        obj, endpoint, replay = self._make(args)
+        return {"handle": self.new("publisher", obj),
+                "endpoint": str(getattr(obj, "endpoint", endpoint)),
+                "replay_endpoint": str(getattr(obj, "replay_endpoint", replay))}
+
+    def _publisher_publish(self, obj: Any, batch: Any) -> None:
+        started = time.perf_counter_ns()
+        try:
+            typed = msgspec.convert(batch, KVEventBatch)
+        except msgspec.ValidationError as exc:
+            raise Refused("invalid", f"not a KVEventBatch: {exc}") from None
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
+        obj.publish(typed)
+
+    def _publisher_shutdown(self, obj: Any) -> None:
+        obj.shutdown()
+
+    def _publisher_stats(self, obj: Any) -> Any:
+        return stats_of(obj)
+
+
+class SubscriberService(_KVService):
+    """The Python driver's side of ``kv-events-subscriber``."""
+
+    constructors = ("subscriber",)
+    known_options = SUBSCRIBER_OPTIONS
+
+    def _construct_subscriber(self, args: dict[str, Any]) -> Any:
+        obj, _, _ = self._make(args)
+        return {"handle": self.new("subscriber", obj)}
+
+    def _subscriber_poll(self, obj: Any, timeout_ms: int) -> Any:
+        got = obj.poll(timeout_ms)
+        started = time.perf_counter_ns()
+        try:
+            return [[seq, msgspec.to_builtins(batch, builtin_types=_BYTES)] for seq, batch in got]
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
+
+    def _subscriber_close(self, obj: Any) -> None:
+        obj.close()
+
+    def _subscriber_stats(self, obj: Any) -> Any:
+        return stats_of(obj)
