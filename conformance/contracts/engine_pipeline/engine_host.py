@@ -55,6 +55,15 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         return FAILED
 
+    stop_on_sigterm(engine)
+    print("SERVING", flush=True)  # built: what follows is the engine's own time
+    return serve(engine)
+
+
+def stop_on_sigterm(engine: Any) -> None:
+    """From now on SIGTERM asks ``engine`` to shut down (its ``shutdown()`` if it has one,
+    else ``SystemExit`` in ``serve()``)."""
+
     def on_term(signum: int, frame: FrameType | None) -> None:
         stop = getattr(engine, "shutdown", None)
         if callable(stop):
@@ -63,7 +72,12 @@ def main(argv: list[str]) -> int:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    print("SERVING", flush=True)  # built: what follows is the engine's own time
+
+
+def serve(engine: Any) -> int:
+    """Run ``engine.serve()`` in this process; the exit status: 0 when ``serve()`` returns,
+    :data:`FAILED` when it raised (the traceback goes to stderr). Shared with the Python
+    driver, whose engine process is the driver process itself."""
     try:
         engine.serve()
     except SystemExit as exc:
