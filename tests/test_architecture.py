@@ -241,7 +241,7 @@ def test_the_core_names_no_family_in_a_string() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and node.value.startswith((FAMILIES, "reference_impl."))
+                    and node.value.startswith((FAMILIES, "reference_impl"))
                     and ":" in node.value and " " not in node.value):
                 offenders.append(f"{module}:{node.lineno} {node.value!r}")
     assert not offenders, "the core names a family's code by string:\n" + "\n".join(offenders)
