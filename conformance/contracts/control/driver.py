@@ -12,10 +12,11 @@ here. Calls follow ``docs/drivers.md``, section 7.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final
 
-from conformance.drivers.behaviours import StandardHandler, python_handler
+from conformance.drivers.behaviours import Request, StandardHandler
 from conformance.drivers.process import DriverCrashed
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
@@ -24,10 +25,12 @@ from conformance.errors import ConfigError
 from conformance.supervision import watchdog
 from reference_impl.control.interface import ClientClosed, RequestRejected, RequestTimeout
 
-__all__ = ["ClientFactory", "ControlDriver", "ControlService", "DriverClient", "DriverServer",
-           "ServerFactory"]
+__all__ = ["CONTROL_BEHAVIOURS", "ClientFactory", "ControlDriver", "ControlService",
+           "DriverClient", "DriverServer", "ServerFactory", "python_handler"]
 
 CONTRACT: Final = "control"
+#: The control handlers' standard behaviour names (``docs/drivers.md``, section 7).
+CONTROL_BEHAVIOURS: Final = ("echo", "slow", "raise", "bad_reply", "register")
 CLIENT_OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "request_timeout_ms")
 #: The CURVE keywords (CTL-8) the bridge forwards to a control driver.
 CURVE_SERVER_OPTIONS: Final = ("curve_server_secret_key", "curve_allowed_client_keys")
@@ -275,3 +278,39 @@ class ControlService(Service):
 
     def _client_close(self, obj: Any) -> None:
         obj.close()
+
+
+class HandlerRaised(RuntimeError):
+    """What the ``raise`` behaviour raises in the Python driver."""
+
+
+def python_handler(behaviour: str, log: Callable[[Request], None]) -> Callable[[Request], Any]:
+    """The handler ``behaviour`` names, logging each request it runs through ``log``."""
+    if behaviour == "echo":
+        def echo(request: Request) -> Any:
+            log(request)
+            return {"nonce": request.get("nonce"), "data": request.get("data")}
+        return echo
+    if behaviour == "slow":
+        def slow(request: Request) -> Any:
+            log(request)
+            time.sleep(float(request.get("ms", 0) or 0) / 1000)
+            return {"nonce": request.get("nonce"), "slept_ms": request.get("ms")}
+        return slow
+    if behaviour == "raise":
+        def fail(request: Request) -> Any:
+            log(request)
+            raise HandlerRaised("the standard 'raise' behaviour raised on purpose (CTL-3)")
+        return fail
+    if behaviour == "bad_reply":
+        def bad(request: Request) -> Any:
+            log(request)
+            return ["not", "a", "dict"]
+        return bad
+    if behaviour == "register":
+        def register(request: Request) -> Any:
+            log(request)
+            return {"registered": True}
+        return register
+    raise ValueError(f"unknown standard behaviour {behaviour!r}; known: "
+                     f"{', '.join(CONTROL_BEHAVIOURS)}")
