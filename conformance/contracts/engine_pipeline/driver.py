@@ -402,7 +402,14 @@ class _DriverHost:
         return sent
 
     def stderr_tail(self, chars: int = 1500) -> str:
-        return self._process.stderr_tail()[-chars:]
+        """The last ``chars`` characters of the driver's stderr (its whole log if less)."""
+        try:
+            with open(self._process.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - chars * 4))
+                return log.read().decode("utf-8", "replace")[-chars:]
+        except OSError:
+            return ""
 
     def describe(self) -> str:
         code = self._process.exit_status(0)
@@ -525,11 +532,14 @@ class PipelineService(Service):
     # engine
 
     def _construct_engine(self, args: dict[str, Any]) -> Any:
+        from conformance.contracts.engine_pipeline.engine_host import apply_log_level
         from reference_impl.engine_pipeline.model import FakeModel
 
         model = FakeModel.from_options(args.get("model"))
+        options = from_protocol(args.get("options") or {})
+        apply_log_level(options)
         engine = self._side("engine")(list(args["addresses"]), engine_index=args["engine_index"],
-                                      model=model, **from_protocol(args.get("options") or {}))
+                                      model=model, **options)
         return {"handle": self.new("engine", engine)}
 
     def _engine_serve(self, engine: Any) -> None:
@@ -549,10 +559,14 @@ class PipelineService(Service):
     # client
 
     def _construct_client(self, args: dict[str, Any]) -> Any:
+        from conformance.contracts.engine_pipeline.engine_host import apply_log_level
+
+        options = from_protocol(args.get("options") or {})
+        apply_log_level(options)
         client = self._side("client")(
             from_protocol(args["addresses"]), client_index=args["client_index"],
             client_count=args["client_count"], engine_indices=list(args["engine_indices"]),
-            **from_protocol(args.get("options") or {}))
+            **options)
         bound = getattr(client, "addresses", None)
         return {"handle": self.new("client", client),
                 "addresses": {str(k): str(v) for k, v in dict(bound or {}).items()}}

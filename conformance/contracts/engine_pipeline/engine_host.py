@@ -45,15 +45,22 @@ SECRET_OPTIONS_ENV = "ZMQ_CONFORMANCE_ENGINE_SECRET_OPTIONS"
 def _options(config: dict[str, Any]) -> dict[str, Any]:
     """The factory's keyword arguments: the config's, the secret ones, ``log_level`` applied."""
     options = dict(config.get("options", {}))
-    level = options.pop("log_level", None)
-    if level is not None:
-        logging.basicConfig(level=str(level), stream=sys.stderr,
-                            format="%(levelname)s %(name)s: %(message)s")
+    apply_log_level(options)
     secret = json.loads(os.environ.pop(SECRET_OPTIONS_ENV, "{}"))
     for name, value in secret.items():
         options[name] = ([v.encode("ascii") for v in value] if isinstance(value, list)
                          else value.encode("ascii"))
     return options
+
+
+def apply_log_level(options: dict[str, Any]) -> None:
+    """Take the host's own option ``log_level`` out of ``options`` and, when given, send
+    every log record of this process to stderr at that level (shared with the Python
+    driver, whose stderr is its log)."""
+    level = options.pop("log_level", None)
+    if level is not None:
+        logging.basicConfig(level=str(level), stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
 
 
 def _resolve(path: str) -> Any:
