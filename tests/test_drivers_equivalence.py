@@ -31,7 +31,8 @@ CASES = {
                         "frames_follow or burst_streams or in_flight_output or stalled_client "
                         "or death_during_startup or non_zero_exit or hostile_outputs or "
                         "reach_the_client or ready_deadline or (never_collide and tcp) or "
-                        "dead_incarnation or rejected_during_shutdown"),
+                        "dead_incarnation or rejected_during_shutdown or keyed_peers or "
+                        "(hostile_handshakes and plain)"),
 }
 
 
