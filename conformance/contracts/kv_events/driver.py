@@ -20,9 +20,10 @@ import msgspec
 from conformance.drivers.process import DriverCrashed, DriverReplyError
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature, to_exception
+from conformance.drivers.serving import Refused, Service, accepts, declared, stats_of
 from conformance.supervision import watchdog
 from reference_impl.kv_events.publisher import PublisherClosedError
-from reference_impl.kv_events.schema import SchemaError, normalize
+from reference_impl.kv_events.schema import KVEventBatch, SchemaError, normalize
 
 __all__ = [
     "PUBLISHER_OPTIONS",
@@ -30,7 +31,9 @@ __all__ = [
     "DriverPublisher",
     "DriverSubscriber",
     "PublisherFactory",
+    "PublisherService",
     "SubscriberFactory",
+    "SubscriberService",
     "publish_copies_in_driver",
     "publish_many_in_driver",
 ]
@@ -57,6 +60,7 @@ SUBSCRIBER_ERRORS: ErrorTable = {}
 MANY_BATCHES: Final = 500
 MANY_BYTES: Final = 8 * 1024 * 1024
 _BATCH_ENCODER = msgspec.msgpack.Encoder()
+_BYTES: Final = (bytes, bytearray, memoryview)
 
 
 class _Factory:
@@ -331,3 +335,98 @@ class DriverSubscriber(Remote):
 
     def stats(self) -> dict[str, int]:
         return _stats(self)
+
+
+# -- the Python driver's side (docs/drivers.md, section 6) ---------------------------
+
+
+class _KVService(Service):
+    """A KV-event factory ``factory(endpoint, replay_endpoint, *, topic, **options)``."""
+
+    constructor: ClassVar[str] = ""
+    known_options: ClassVar[tuple[str, ...]] = ()
+
+    def hello(self) -> dict[str, Any]:
+        answer = super().hello()
+        answer["capabilities"] = declared(self.target)
+        answer["options"] = [o for o in self.known_options if accepts(self.target, o)]
+        return answer
+
+    def _make(self, args: dict[str, Any]) -> tuple[Any, str, str]:
+        endpoint, replay = args.pop("endpoint"), args.pop("replay_endpoint")
+        return self.target(endpoint, replay, **args), endpoint, replay
+
+
+class PublisherService(_KVService):
+    """The Python driver's side of ``kv-events-publisher``."""
+
+    constructors = ("publisher",)
+    known_options = PUBLISHER_OPTIONS
+    error_kinds = ((PublisherClosedError, "closed"),)
+
+    def _construct_publisher(self, args: dict[str, Any]) -> Any:
+        obj, endpoint, replay = self._make(args)
+        return {"handle": self.new("publisher", obj),
+                "endpoint": str(getattr(obj, "endpoint", endpoint)),
+                "replay_endpoint": str(getattr(obj, "replay_endpoint", replay))}
+
+    def _publisher_publish(self, obj: Any, batch: Any) -> None:
+        started = time.perf_counter_ns()
+        try:
+            typed = msgspec.convert(batch, KVEventBatch)
+        except msgspec.ValidationError as exc:
+            raise Refused("invalid", f"not a KVEventBatch: {exc}") from None
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
+        obj.publish(typed)
+
+    # publish_many, publish_copies (docs/drivers.md, section 6): a burst runs here, back to back.
+
+    def _publisher_publish_many(self, obj: Any, batches: list[Any]) -> Any:
+        outcomes, overhead_ns = publish_many_in_driver(obj, batches, _as_batch, self.error)
+        self.overhead_ns += overhead_ns
+        return outcomes
+
+    def _publisher_publish_copies(self, obj: Any, batch: Any, count: int) -> Any:
+        outcomes, overhead_ns = publish_copies_in_driver(obj, batch, count, _as_batch,
+                                                         self.error)
+        self.overhead_ns += overhead_ns
+        return outcomes
+
+    def _publisher_shutdown(self, obj: Any) -> None:
+        obj.shutdown()
+
+    def _publisher_stats(self, obj: Any) -> Any:
+        return stats_of(obj)
+
+
+class SubscriberService(_KVService):
+    """The Python driver's side of ``kv-events-subscriber``."""
+
+    constructors = ("subscriber",)
+    known_options = SUBSCRIBER_OPTIONS
+
+    def _construct_subscriber(self, args: dict[str, Any]) -> Any:
+        obj, _, _ = self._make(args)
+        return {"handle": self.new("subscriber", obj)}
+
+    def _subscriber_poll(self, obj: Any, timeout_ms: int) -> Any:
+        got = obj.poll(timeout_ms)
+        started = time.perf_counter_ns()
+        try:
+            return [[seq, msgspec.to_builtins(batch, builtin_types=_BYTES)] for seq, batch in got]
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
+
+    def _subscriber_close(self, obj: Any) -> None:
+        obj.close()
+
+    def _subscriber_stats(self, obj: Any) -> Any:
+        return stats_of(obj)
+
+
+def _as_batch(batch: Any) -> Any:
+    try:
+        return msgspec.convert(batch, KVEventBatch)
+    except msgspec.ValidationError as exc:
+        raise Refused("invalid", f"not a KVEventBatch: {exc}") from None
