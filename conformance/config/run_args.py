@@ -150,7 +150,11 @@ def pytest_args(
     if workers != "0":
         if importlib.util.find_spec("xdist") is None:
             raise ConfigError("-n: pytest-xdist is not installed (pip install pytest-xdist)")
-        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}"]
+        # One test per hand-out: with the long tests collected first
+        # (collection.longest_first), no worker queues two of them while
+        # another runs short tests and then idles.
+        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}",
+                "--maxschedchunk=1"]
     if args.stall_limit is not None:
         if not args.stall_limit > 0:
             raise ConfigError(f"--stall-limit={args.stall_limit!r}: expected a positive number")
