@@ -164,7 +164,7 @@ def pytest_collection_modifyitems(
         state.warnings = found
     collection.hold_back_chaos(session, config, items, tagged, chaos=state.chaos,
                                contract=state.contract, suite_dirs=state.suite_dirs)
-    collection.longest_first(items)
+    collection.longest_first(items, tagged)
 
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_protocol")

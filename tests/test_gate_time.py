@@ -84,6 +84,10 @@ def test_long_tests_come_first_longest_first_one_short_test_after_each() -> None
                         _Item("d"), _Item("m8", 8)]
     collection.longest_first(items)
     assert [i.name for i in items] == ["m10", "a", "m8", "b", "m5", "c", "d"]
+    # Only clause tests count: a user's own "long" marker is not ours.
+    mixed: list[Any] = [_Item("u", 99), _Item("s", 3), _Item("t")]
+    collection.longest_first(mixed, [(mixed[1], ("CONN-1",))])
+    assert [i.name for i in mixed] == ["s", "u", "t"]
     plain: list[Any] = [_Item("x"), _Item("y")]
     collection.longest_first(plain)
     assert [i.name for i in plain] == ["x", "y"]

@@ -149,9 +149,13 @@ def hold_back_chaos(
             config.hook.pytest_deselected(items=held)
 
 
-def longest_first(items: list[pytest.Item]) -> None:
+def longest_first(items: list[pytest.Item],
+                  tagged: Sequence[tuple[pytest.Item, tuple[str, ...]]] | None = None) -> None:
     """Reorder ``items`` in place: long tests first, longest first, each followed by
     one short test; then the other short tests in their order.
+
+    Only clause tests (``tagged``; default: every item) count as long: a
+    user's own ``long`` marker in the same session means nothing here.
 
     xdist's ``load`` scheduler hands tests out in collection order, two at a
     time per worker with ``--maxschedchunk=1`` (as the CLI runs it): a long
@@ -160,7 +164,11 @@ def longest_first(items: list[pytest.Item]) -> None:
     after each long one keeps two long tests out of one worker's first
     hand-out of two.
     """
+    suite = None if tagged is None else {id(item) for item, _ in tagged}
+
     def seconds(item: pytest.Item) -> float:
+        if suite is not None and id(item) not in suite:
+            return 0.0
         marker = item.get_closest_marker(LONG_MARKER)
         if marker is None:
             return 0.0
