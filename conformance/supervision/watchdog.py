@@ -44,10 +44,9 @@ from typing import Any, ParamSpec, TypeVar
 from conformance.errors import CallBlocked
 
 __all__ = [
-    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "exempt", "guard", "new_test",
-    "note_block",
+    "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
     "progress",
-    "set_block_hook", "set_default_limit", "set_progress_hook",
+    "set_block_hook", "set_default_limit", "set_progress_hook", "suspended",
 ]
 
 P = ParamSpec("P")
@@ -73,14 +72,14 @@ class _Guard:
 
 
 _stack: list[_Guard] = []
+#: How many guards at the bottom of the stack a :func:`suspended` section has frozen.
+_frozen = 0
 _saved_handler: Any = None
 _saved_timer: tuple[float, float] = (0.0, 0.0)
 _saved_at = 0.0
 _progress: Callable[[], None] | None = None
 _blocked_in_test = False
 _on_block: Callable[[], None] | None = None
-#: Open :func:`exempt` blocks: while any is open no timer is armed.
-_exempt_depth = 0
 
 
 def default_limit() -> float:
@@ -179,35 +178,6 @@ def guard(call: str, limit: float | None = None) -> Iterator[None]:
             _uninstall()
 
 
-@contextmanager
-def exempt() -> Iterator[None]:
-    """Within: the suite's own work inside a guarded call, which no limit counts.
-
-    E.g. starting a node's interpreter inside the process-node factory: the
-    factory's limit is for the transport's factory, and an interpreter that
-    starts slowly on a loaded machine is not a transport that blocks. The
-    open guards' clocks stop on entry (no timer is armed) and go on from
-    where they were on exit (each deadline moves by the time spent inside).
-    Guards opened inside are not armed before the exemption ends either.
-    """
-    global _exempt_depth
-    if not _stack:
-        yield
-        return
-    started = time.monotonic()
-    _exempt_depth += 1
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    try:
-        yield
-    finally:
-        _exempt_depth -= 1
-        spent = time.monotonic() - started
-        for entry in _stack:
-            entry.deadline += spent
-        if _stack and not _exempt_depth:
-            _arm()
-
-
 def call(what: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """``fn(*args, **kwargs)`` under :func:`guard` with the default limit."""
     with guard(what):
@@ -231,18 +201,16 @@ def _uninstall() -> None:
 
 
 def _arm() -> None:
-    pending = [g.deadline for g in _stack if not g.fired]
-    if not pending or _exempt_depth:
+    pending = [g.deadline for g in _stack[_frozen:] if not g.fired]
+    if not pending:
         signal.setitimer(signal.ITIMER_REAL, 0)
         return
     signal.setitimer(signal.ITIMER_REAL, max(min(pending) - time.monotonic(), _MIN_TIMER_S))
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
-    if _exempt_depth:
-        return  # an alarm armed before the exemption began: re-armed at its end
     now = time.monotonic()
-    expired = [g for g in _stack if not g.fired and g.deadline <= now]
+    expired = [g for g in _stack[_frozen:] if not g.fired and g.deadline <= now]
     if not expired:
         # Early or stale alarm: re-arm for whatever is still pending.
         _arm()
@@ -254,3 +222,37 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         _on_block()
     _blocked_in_test = True
     raise CallBlocked(victim.call, victim.limit)
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Inside, the guards already open do not run: time the suite spends on its own
+    infrastructure (starting a node process: an interpreter, its imports) is not
+    time of the implementation's call, whose guard is around it.
+
+    The open guards' deadlines move on by the time spent inside, so each still
+    allows its whole limit to the implementation's own work. Guards opened
+    inside run as usual. The caller bounds the section itself (e.g. the
+    process nodes' start-up bound) and reports an overrun as a run error;
+    :func:`progress` is called on entry and exit, so the stall deadline of
+    :mod:`conformance.supervision.postmortem` does not count the wait either
+    as long as the caller calls :func:`progress` while it waits.
+    """
+    global _frozen
+    progress()
+    if not active():
+        yield
+        return
+    saved, started = _frozen, time.monotonic()
+    _frozen = len(_stack)
+    _arm()
+    try:
+        yield
+    finally:
+        spent = time.monotonic() - started
+        for entry in _stack[saved:_frozen]:
+            entry.deadline += spent
+        _frozen = saved
+        if _stack:
+            _arm()
+        progress()

@@ -13,8 +13,7 @@ transport, which then judges it itself):
 - request ``(seq, op, args)``; reply ``(seq, "ok", value)`` or
   ``(seq, "err", info)`` where ``info`` is a dict naming the exception's
   module, class, message, ``errno`` (if any) and the remote traceback.
-- ``op`` is ``"load"`` (import the factory), ``"build"`` (import the factory
-  and build one transport), a
+- ``op`` is ``"build"`` (import the factory and build one transport), a
   transport call (``connect``, ``poll``, ``close``), a connection call on a
   handle (``alive``, ``send``, ``recv``, ``mark_dead``, ``close_conn``),
   ``"peer_id"``, ``"pid"`` or ``"exit"``.
@@ -85,28 +84,21 @@ class _Node:
     def conn(self, handle: int) -> Any:
         return self.conns[handle]
 
-    def load(self, args: dict[str, Any]) -> Any:
-        """Import the factory ``args`` names (and what the calls need): the suite's
-        own start-up work, outside any limit."""
+    def build(self, args: dict[str, Any]) -> int:
         for entry in reversed(args.get("sys_path", [])):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         if args.get("cwd"):
             os.chdir(args["cwd"])
         self.limit = float(args.get("limit", self.limit))
+        self.transport = None
+        self.conns.clear()
+        self.handles.clear()
         from conformance.config.loading import load_factory
         from conformance.supervision import watchdog
 
         watchdog.set_default_limit(self.limit)
-        return load_factory(args["factory"], option=args.get("option", "factory"))
-
-    def build(self, args: dict[str, Any]) -> int:
-        factory = self.load(args)
-        self.transport = None
-        self.conns.clear()
-        self.handles.clear()
-        from conformance.supervision import watchdog
-
+        factory = load_factory(args["factory"], option=args.get("option", "factory"))
         with watchdog.guard(f"factory({args['local_id']!r}, {args['host']!r}, {args['port']})"):
             self.transport = factory(
                 args["local_id"], args["host"], args["port"], **args.get("kwargs", {})
@@ -118,9 +110,6 @@ class _Node:
 
         if op == "build":
             return self.build(args[0])
-        if op == "load":
-            self.load(args[0])
-            return None
         if op == "pid":
             return os.getpid()
         with watchdog.guard(_describe(op, args)):
