@@ -359,6 +359,23 @@ class _Service:
             self.overhead_ns += time.perf_counter_ns() - started
         obj.publish(typed)
 
+    # publish_many, publish_copies (docs/drivers.md, section 6): a burst runs here, back to
+    # back; the kv_events family's driver module holds the logic.
+
+    def _publisher_publish_many(self, obj: Any, batches: list[Any]) -> Any:
+        from conformance.contracts.kv_events.driver import publish_many_in_driver
+
+        outcomes, overhead_ns = publish_many_in_driver(obj, batches, _as_batch, _error)
+        self.overhead_ns += overhead_ns
+        return outcomes
+
+    def _publisher_publish_copies(self, obj: Any, batch: Any, count: int) -> Any:
+        from conformance.contracts.kv_events.driver import publish_copies_in_driver
+
+        outcomes, overhead_ns = publish_copies_in_driver(obj, batch, count, _as_batch, _error)
+        self.overhead_ns += overhead_ns
+        return outcomes
+
     def _publisher_shutdown(self, obj: Any) -> None:
         obj.shutdown()
 
@@ -405,6 +422,15 @@ class _Service:
 
     def _client_close(self, obj: Any) -> None:
         obj.close()
+
+
+def _as_batch(batch: Any) -> Any:
+    from reference_impl.kv_events.schema import KVEventBatch
+
+    try:
+        return msgspec.convert(batch, KVEventBatch)
+    except msgspec.ValidationError as exc:
+        raise _Refused("invalid", f"not a KVEventBatch: {exc}") from None
 
 
 def _stats(obj: Any) -> Any:
