@@ -49,6 +49,7 @@ def _raw_loop(
     from conformance.testing.net import free_port
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    client_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     server = ctx.socket(server_type)
     server.setsockopt(zmq.LINGER, 0)
@@ -64,7 +65,7 @@ def _raw_loop(
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    client = ctx.socket(client_type)
+    client = client_ctx.socket(client_type)
     client.setsockopt(zmq.LINGER, 0)
     client.connect(endpoint)
     count = 0
@@ -78,6 +79,7 @@ def _raw_loop(
     finally:
         stop.set()
         thread.join(5)
+        client_ctx.destroy(linger=0)
         ctx.destroy(linger=0)
     return count / elapsed
 
