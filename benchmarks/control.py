@@ -4,8 +4,10 @@
   client and server (one client, the server's serve loop in a thread)
   against the same loop in raw pyzmq (a REQ client, a REP server polled in a
   thread, msgspec on both sides), in many short interleaved pairs of the
-  same run, so a change in machine load hits both. Target: the median of
-  the per-pair ratios >= 0.8 (the ratio of the medians is reported too).
+  same run, so a change in machine load hits both. Target (issue 23): the
+  ratio of the medians >= 0.9 (the per-pair ratios are reported too). Both
+  sides have a context per end; the raw REQ correlates and times out (see
+  :func:`_raw_round_trips` for what it still leaves out).
 - ``detection``: a silent partition through toxiproxy (the chaos rig of the
   suite) and the time until the reference client reports the server dead,
   as a ratio to the heartbeat timeout; the contract's window is
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +44,17 @@ def _raw_loop(
     answer: Callable[[zmq.Socket[bytes]], None],
     client_type: int,
     round_trip: Callable[[zmq.Socket[bytes], int], None],
+    client_options: Mapping[int, int] | None = None,
 ) -> float:
     """Round trips per second between a raw client and a raw server polled in a
     thread: ``answer`` reads one request and replies, ``round_trip`` sends
-    request ``n`` and waits for its reply."""
+    request ``n`` and waits for its reply.
+
+    Client and server have a context (an I/O thread) each, as the reference's
+    client and server do and as two processes would: one shared I/O thread
+    would carry both ends of the TCP connection and save the raw loop a
+    thread wake-up per message that no deployment saves.
+    """
     from conformance.testing.net import free_port
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -67,6 +76,8 @@ def _raw_loop(
     thread.start()
     client = client_ctx.socket(client_type)
     client.setsockopt(zmq.LINGER, 0)
+    for option, value in (client_options or {}).items():
+        client.setsockopt(option, value)
     client.connect(endpoint)
     count = 0
     try:
@@ -99,13 +110,25 @@ def _answer_router(router: zmq.Socket[bytes]) -> None:
 
 
 def _raw_round_trips(seconds: float) -> float:
-    """REQ/REP round trips per second, REP polled in a thread (the baseline)."""
+    """REQ/REP round trips per second, REP polled in a thread (the baseline).
+
+    The REQ does the per-request work the contract asks of any client, the
+    way raw pyzmq does it: a request id matched on the reply
+    (``ZMQ_REQ_CORRELATE``, with ``ZMQ_REQ_RELAXED`` so a lost reply does
+    not wedge the socket) and a receive timeout (``ZMQ_RCVTIMEO``), all
+    inside libzmq. What it leaves out, and the reference pays for on every
+    request: heartbeats (a PING timer checked per request), re-registration
+    (a look at the socket monitor every few milliseconds), the rebuild on a
+    timeout, and the server's checks of the envelope and of every payload.
+    """
 
     def round_trip(req: zmq.Socket[bytes], n: int) -> None:
         req.send(_ENCODER.encode({"type": "ECHO", "nonce": n}))
         _DECODER.decode(req.recv())
 
-    return _raw_loop(seconds, zmq.REP, _answer_rep, zmq.REQ, round_trip)
+    return _raw_loop(seconds, zmq.REP, _answer_rep, zmq.REQ, round_trip,
+                     client_options={zmq.REQ_CORRELATE: 1, zmq.REQ_RELAXED: 1,
+                                     zmq.RCVTIMEO: 2500})
 
 
 def _raw_router_round_trips(seconds: float) -> float:
@@ -181,7 +204,7 @@ def throughput(trials: int, seconds: float, progress: Callable[[str], None]) -> 
         "ratio_of_medians": round(spreads["reference"].median / spreads["raw_req_rep"].median, 3),
         "ratio_per_trial": Spread.of(per_trial).as_dict(),
         "dealer_router_vs_req_rep_per_trial": Spread.of(framing).as_dict(),
-        "target_ratio": 0.8,
+        "target_ratio": 0.9,
     }
 
 

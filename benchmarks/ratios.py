@@ -1,10 +1,11 @@
 """The three reference-vs-raw ratios of issue 23 alone, in interleaved trials.
 
-``python -m benchmarks.ratios [--trials N] [--seconds S]``: p2p burst-and-poll
+``python -m benchmarks ratios [--trials N] [--seconds S]``: p2p burst-and-poll
 at 64 B, control round trips (and raw DEALER/ROUTER with the reference's
 framing, to separate what the framing costs from what the reference adds),
-and the KV subscriber at 64 B and 4 KiB. Each trial runs the reference, then
-raw, so both see the same load; the table gives the median of each and the
+and the KV subscriber at 64 B and 4 KiB. Each trial runs both, the
+reference first in odd trials and raw first in even ones, so both see the
+same load and neither always runs first; the table gives the median of each and the
 ratio of the medians, with every trial's own ratio for the spread. It reuses
 the sections' functions (:mod:`benchmarks.transport`, :mod:`.control`,
 :mod:`.kv_events`), so the figures are the sections' figures, minutes
@@ -48,7 +49,7 @@ def _figures(seconds: float) -> dict[str, tuple[Trial, Trial]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ratios", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks ratios", description=__doc__)
     parser.add_argument("--trials", type=int, default=5, help="interleaved trials (default 5)")
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="length of one timed trial where a figure has one (default 2)")
@@ -60,9 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, (reference, raw) in _figures(args.seconds).items():
         ours: list[float] = []
         theirs: list[float] = []
-        for _ in range(args.trials):
-            ours.append(reference())
-            theirs.append(raw())
+        for trial in range(args.trials):
+            if trial % 2:
+                theirs.append(raw())
+                ours.append(reference())
+            else:
+                ours.append(reference())
+                theirs.append(raw())
         per_trial = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs, strict=True))
         mine, base = statistics.median(ours), statistics.median(theirs)
         print(f"| {name} | {mine:,.0f} | {base:,.0f} | {mine / base:.2f} | {per_trial} |",
