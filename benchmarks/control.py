@@ -45,6 +45,7 @@ def _raw_loop(
     client_type: int,
     round_trip: Callable[[zmq.Socket[bytes], int], None],
     client_options: Mapping[int, int] | None = None,
+    per_cpu_second: bool = False,
 ) -> float:
     """Round trips per second between a raw client and a raw server polled in a
     thread: ``answer`` reads one request and replies, ``round_trip`` sends
@@ -53,7 +54,10 @@ def _raw_loop(
     Client and server have a context (an I/O thread) each, as the reference's
     client and server do and as two processes would: one shared I/O thread
     would carry both ends of the TCP connection and save the raw loop a
-    thread wake-up per message that no deployment saves.
+    thread wake-up per message that no deployment saves. With
+    ``per_cpu_second``: round trips per second of this process's CPU time
+    (client, server and both I/O threads), which load changes far less than
+    the wall time.
     """
     from conformance.testing.net import free_port
 
@@ -82,17 +86,18 @@ def _raw_loop(
     count = 0
     try:
         deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         while time.perf_counter() < deadline:
             round_trip(client, count)
             count += 1
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     finally:
         stop.set()
         thread.join(5)
         client_ctx.destroy(linger=0)
         ctx.destroy(linger=0)
-    return count / elapsed
+    return count / (cpu if per_cpu_second else elapsed)
 
 
 def _echo(payload: bytes) -> bytes:
@@ -109,7 +114,7 @@ def _answer_router(router: zmq.Socket[bytes]) -> None:
     router.send_multipart([*frames[:-1], _echo(frames[-1])])
 
 
-def _raw_round_trips(seconds: float) -> float:
+def _raw_round_trips(seconds: float, per_cpu_second: bool = False) -> float:
     """REQ/REP round trips per second, REP polled in a thread (the baseline).
 
     The REQ does the per-request work the contract asks of any client, the
@@ -128,7 +133,8 @@ def _raw_round_trips(seconds: float) -> float:
 
     return _raw_loop(seconds, zmq.REP, _answer_rep, zmq.REQ, round_trip,
                      client_options={zmq.REQ_CORRELATE: 1, zmq.REQ_RELAXED: 1,
-                                     zmq.RCVTIMEO: 2500})
+                                     zmq.RCVTIMEO: 2500},
+                     per_cpu_second=per_cpu_second)
 
 
 def _raw_router_round_trips(seconds: float) -> float:
@@ -146,8 +152,9 @@ def _raw_router_round_trips(seconds: float) -> float:
     return _raw_loop(seconds, zmq.ROUTER, _answer_router, zmq.DEALER, round_trip)
 
 
-def _reference_round_trips(seconds: float) -> float:
-    """The same loop through the reference client and server."""
+def _reference_round_trips(seconds: float, per_cpu_second: bool = False) -> float:
+    """The same loop through the reference client and server (``per_cpu_second``: as in
+    :func:`_raw_loop`)."""
     from conformance.testing.net import free_port
     from reference_impl.control import ControlClient, ControlServer
 
@@ -170,16 +177,17 @@ def _reference_round_trips(seconds: float) -> float:
     count = 0
     try:
         deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         while time.perf_counter() < deadline:
             client.request("ECHO", {"nonce": count})
             count += 1
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     finally:
         client.close()
         stop.set()
         thread.join(5)
-    return count / elapsed
+    return count / (cpu if per_cpu_second else elapsed)
 
 
 def throughput(trials: int, seconds: float, progress: Callable[[str], None]) -> dict[str, Any]:

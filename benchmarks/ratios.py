@@ -5,8 +5,11 @@ at 64 B, control round trips (and raw DEALER/ROUTER with the reference's
 framing, to separate what the framing costs from what the reference adds),
 and the KV subscriber at 64 B and 4 KiB. Each trial runs both, the
 reference first in odd trials and raw first in even ones, so both see the
-same load and neither always runs first; the table gives the median of each and the
-ratio of the medians, with every trial's own ratio for the spread. It reuses
+same load and neither always runs first; the table gives the median of
+each and the ratio of the medians, with every trial's own ratio for the
+spread. The p2p and control figures come twice: per second of wall time
+(the issue's figure) and per second of the process's CPU time (every
+thread of both sides), the one a loaded machine moves least. It reuses
 the sections' functions (:mod:`benchmarks.transport`, :mod:`.control`,
 :mod:`.kv_events`), so the figures are the sections' figures, minutes
 sooner than ``python -m benchmarks``.
@@ -32,6 +35,14 @@ def _figures(seconds: float) -> dict[str, tuple[Trial, Trial]]:
         "control round trips vs REQ/REP (1/s)": (
             lambda: control._reference_round_trips(seconds),
             lambda: control._raw_round_trips(seconds),
+        ),
+        "p2p burst-and-poll 64 B (msg per CPU-s)": (
+            lambda: transport.burst_and_poll("reference", 64, seconds, per_cpu_second=True),
+            lambda: transport.burst_and_poll("baseline", 64, seconds, per_cpu_second=True),
+        ),
+        "control round trips per CPU-s vs REQ/REP": (
+            lambda: control._reference_round_trips(seconds, per_cpu_second=True),
+            lambda: control._raw_round_trips(seconds, per_cpu_second=True),
         ),
         "control round trips vs raw DEALER/ROUTER (1/s)": (
             lambda: control._reference_round_trips(seconds),
