@@ -64,12 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5, help="interleaved trials (default 5)")
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="length of one timed trial where a figure has one (default 2)")
+    parser.add_argument("--only", nargs="+", metavar="WORD", default=[],
+                        help="only the figures whose name contains one of these words "
+                             "(e.g. p2p control KV)")
     args = parser.parse_args(argv)
     if args.trials < 1 or not args.seconds > 0:
         parser.error("--trials must be at least 1 and --seconds positive")
     print("| figure | reference | raw | ratio of medians | per-trial ratios |")
     print("| --- | ---: | ---: | ---: | --- |")
     for name, (reference, raw) in _figures(args.seconds).items():
+        if args.only and not any(word in name for word in args.only):
+            continue
         ours: list[float] = []
         theirs: list[float] = []
         for trial in range(args.trials):
