@@ -54,7 +54,6 @@ import contextlib
 import itertools
 import logging
 import secrets
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection
 from typing import Any, ClassVar, Final, cast
@@ -125,8 +124,6 @@ _NOBLOCK: Final = int(zmq.NOBLOCK)
 _RCVMORE: Final = int(zmq.RCVMORE)
 _EVENTS: Final = int(zmq.EVENTS)
 _POLLIN: Final = int(zmq.POLLIN)
-#: Longest gap between two discards of what arrived on a connection's DEALER.
-_DISCARD_EVERY_S: Final = 0.005
 #: Payloads at least this large are handed to libzmq without a copy.
 _ZERO_COPY_BYTES: Final = 65536
 #: ``map(isinstance, keys, _STR)`` checks every key without a Python-level loop.
@@ -209,7 +206,6 @@ class ZmqConnection(ControlConnection):
         #: (nonce, serial); ("", 0) until a tagged message arrives.
         self._origin_nonce = ""
         self._origin_serial = 0
-        self._discard_due = 0.0
         self._dealer, self._monitor = transport._open_dealer(peer_id)
 
     # -- the interface ----------------------------------------------------
@@ -279,14 +275,6 @@ class ZmqConnection(ControlConnection):
             if event == zmq.EVENT_DISCONNECTED and self._alive:
                 _log.info("connection to %s lost", self._peer_id)
                 self._alive = False
-        # The discard runs at most every _DISCARD_EVERY_S: unlike the monitor (read on
-        # every poll(), POLL-2) nothing waits on it, and the ZMQ_EVENTS call costs a
-        # system call per connection per poll(). A hostile sender gains at most that
-        # many milliseconds of queue between two discards.
-        now = time.monotonic()
-        if now < self._discard_due:
-            return
-        self._discard_due = now + _DISCARD_EVERY_S
         dealer = self._dealer
         while _raw_get(dealer, _EVENTS) & _POLLIN:
             _raw_recv(dealer, _NOBLOCK)
