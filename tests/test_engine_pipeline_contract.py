@@ -44,6 +44,15 @@ TESTS: dict[str, tuple[str, ...]] = {
     "pipe_fixed_ipc_path": ("test_concurrent_pipelines_never_collide",),
     "pipe_old_incarnation_outputs_delivered": ("test_no_output_of_a_dead_incarnation",),
     "pipe_utility_results_by_arrival": ("test_utility_calls_matched_failed_and_timed_out",),
+    "pipe_curve_on_handshake_only": (
+        "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
+    "pipe_curve_set_after_bind": (
+        "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
+    "pipe_zap_allows_everyone": (
+        "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
+    "pipe_curve_keys_logged": ("test_keyed_peers_are_unaffected_and_no_key_leaks",),
+    "pipe_plain_handshake_retry": ("test_an_engine_sends_no_hello_to_an_impostor_client",),
+    "pipe_no_receive_limit": ("test_hostile_handshakes_oversize_frames_and_floods",),
 }
 _GROUPS = groups("engine-pipeline", SUITE, CATALOG, tests=TESTS,
                  alone=("pipe_calls_not_failed_on_death", "pipe_no_ready_deadline",

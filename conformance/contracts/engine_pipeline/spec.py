@@ -43,6 +43,11 @@ class PipelineCapabilities:
         restart: ``none`` (after a death the client stays dead, with typed errors)
             or ``adopt`` (it takes a replacement engine).
         max_message_bytes: the largest request ``add()`` accepts (encoded).
+        authentication: CURVE, off by default and on when the suite passes keys: the
+            client factory takes ``curve_server_secret_key`` and
+            ``curve_allowed_client_keys`` (it binds: the CURVE server), the engine
+            factory ``curve_client_secret_key`` and ``curve_server_key`` (PIPE-13);
+            without it PIPE-13 is skipped and PIPE-14 runs its plain variant only.
     """
 
     wire: str = "vllm-v1"
@@ -52,6 +57,7 @@ class PipelineCapabilities:
     malformed_input: str = "tolerate"
     restart: str = "none"
     max_message_bytes: int = 64 << 20
+    authentication: bool = False
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> PipelineCapabilities:
