@@ -1,0 +1,149 @@
+"""A proxy that adds more delay than its latency toxic promises is no HB-2 verdict.
+
+The chaos machine calls a death under a latency toxic a false death (HB-2)
+only while the delay the proxy server really adds leaves the heartbeat room
+(:mod:`conformance.contracts.p2p.delay_probe`). Here the lateness is injected
+deterministically: the test's own server is paused (SIGSTOP) for longer than
+the heartbeat timeout while a latency fault is in place, so every connection
+through it starves and the reference transport correctly declares it dead.
+With the probe the machine notes an overrun and judges nothing; with the
+probe's verdict switched off the same schedule is the old false HB-2. Each
+test starts its own server (it is paused), the embedded one and the real
+``toxiproxy-server`` when one is found.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaos.launcher import BINARY, ENV_SERVER, start_binary
+from chaos.proxy import Toxiproxy
+from conformance.contracts.p2p import chaos_machine
+from conformance.contracts.p2p.chaos_machine import ChaosMachine
+from conformance.contracts.p2p.delay_probe import DelayProbe
+from conformance.contracts.p2p.machines import NodeRef, Violation
+from conformance.contracts.p2p.spec import (
+    SUITE_HEARTBEAT_IVL_MS,
+    SUITE_HEARTBEAT_TIMEOUT_MS,
+    make_spec,
+)
+from reference_impl import ZmqTransport
+
+pytestmark = pytest.mark.chaos
+
+_SHARED_COPY = Path(__file__).resolve().parents[2].parent / "shared" / "toxiproxy" / BINARY
+
+#: How long the server is paused: the heartbeat timeout plus two intervals.
+_PAUSE_S = (SUITE_HEARTBEAT_TIMEOUT_MS + 2 * SUITE_HEARTBEAT_IVL_MS) / 1000
+
+
+def _binary() -> str | None:
+    configured = os.environ.get(ENV_SERVER, "").strip()
+    if configured:
+        return configured
+    found = shutil.which(BINARY)
+    if found:
+        return found
+    return str(_SHARED_COPY) if os.access(_SHARED_COPY, os.X_OK) else None
+
+
+@pytest.fixture(params=["embedded", "binary"])
+def paused_server(request: pytest.FixtureRequest) -> Iterator[Toxiproxy]:
+    """A server of this test alone (it gets paused), embedded or the real binary."""
+    if request.param == "binary":
+        binary = _binary()
+        if binary is None:
+            pytest.skip(f"no real {BINARY} (set {ENV_SERVER} or put one on PATH)")
+        lease = start_binary(binary)
+        handle = Toxiproxy(lease.host, lease.port, lease=lease)
+    else:
+        handle = Toxiproxy.start("embedded")
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def _pause(server: Toxiproxy, seconds: float) -> None:
+    """Stop the server's process for ``seconds``: every byte through it is late."""
+    assert server.lease is not None and server.lease.process is not None
+    process = server.lease.process
+    process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)  # the lateness itself, not a synchronisation
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
+def _late_proxy_schedule(machine: ChaosMachine, server: Toxiproxy) -> None:
+    """Two nodes, one connection, latency on the receiver, then the server paused;
+    ``alive`` is checked against the model afterwards (as the invariant does)."""
+    a, b = NodeRef("n0"), NodeRef("n1")
+    machine.start_cluster(2)
+    machine.connect(a, b, {"hello": 1})
+    machine.poll_until_settled()
+    machine.add_latency(b, 0.5, 0.0)
+    machine.let_heartbeats_run(False)
+    machine.connections_alive_as_modelled()
+    _pause(server, _PAUSE_S)
+    machine.let_heartbeats_run(True)
+    conn = machine.current("n0", "n1")
+    assert conn is not None
+    assert not machine.proxy[conn.name].alive, (
+        "the pause should starve the connection past the heartbeat timeout")
+    machine.connections_alive_as_modelled()
+
+
+def test_a_proxy_overrunning_its_latency_is_noted_not_judged(paused_server: Toxiproxy) -> None:
+    machine = ChaosMachine(make_spec(ZmqTransport), paused_server)
+    try:
+        _late_proxy_schedule(machine, paused_server)
+    finally:
+        machine.teardown()
+    assert len(machine.proxy_overruns) == 1, machine.proxy_overruns
+    assert "latency(latency=75, jitter=0) on n1" in machine.proxy_overruns[0]
+
+
+def test_without_the_probe_the_same_schedule_is_the_old_false_hb2(
+    paused_server: Toxiproxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: the probe's slack made huge, so no overrun is ever seen."""
+    monkeypatch.setattr(chaos_machine, "PROXY_SLACK_MS", -10 * SUITE_HEARTBEAT_TIMEOUT_MS)
+    machine = ChaosMachine(make_spec(ZmqTransport), paused_server)
+    try:
+        with pytest.raises(Violation) as caught:
+            _late_proxy_schedule(machine, paused_server)
+    finally:
+        machine.teardown()
+    assert caught.value.clause == "HB-2"
+    assert machine.proxy_overruns == []
+
+
+def test_the_probe_measures_the_configured_latency(paused_server: Toxiproxy) -> None:
+    """Unloaded, the probe sees about the toxic's delay (within 50 ms), and a pause
+    of the server shows up in its reading even before the late records arrive."""
+    probe = DelayProbe(paused_server, latency_ms=60, jitter_ms=0).start()
+    try:
+        deadline = time.monotonic() + 5.0
+        while probe.worst_delay_ms() < 60:
+            assert time.monotonic() < deadline, "the probe never saw the toxic's delay"
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert 60 <= probe.worst_delay_ms() < 60 + 50 + _PAUSE_S * 1000 / 10
+        assert paused_server.lease is not None and paused_server.lease.process is not None
+        paused_server.lease.process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.4)
+            paused = probe.worst_delay_ms()
+        finally:
+            paused_server.lease.process.send_signal(signal.SIGCONT)
+        assert paused >= 400, f"a 400 ms pause read as {paused:.0f} ms"
+    finally:
+        probe.close()
