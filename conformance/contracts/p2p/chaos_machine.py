@@ -286,10 +286,16 @@ class ChaosMachine(ClusterMachine):
             benign = [f.describe() for f in self.cluster.faults.active if not f.destructive
                       and (conn.owner in f.nodes or conn.peer in f.nodes)]
             if exc.clause == "POLL-5" and benign:
+                measured = [f"{probe.worst_delay_ms():.0f} ms"
+                            for fault in self.cluster.faults.active
+                            if (probe := self._probe_of.get(id(fault))) is not None
+                            and (conn.owner in fault.nodes or conn.peer in fault.nodes)]
+                seen = (f"; the proxy's measured worst one-way delay: {', '.join(measured)}"
+                        if measured else "")
                 raise Violation(
                     "HB-2",
                     f"{conn.name} reports alive=False under {', '.join(benign)} only "
-                    "(latency/slicing below the heartbeat timeout): a false death",
+                    f"(latency/slicing below the heartbeat timeout): a false death{seen}",
                 ) from None
             raise
 
@@ -311,10 +317,10 @@ class ChaosMachine(ClusterMachine):
                     self._heal(fault)
                 self._fresh_round()
         finally:
-            for probe in self._probe_of.values():
-                probe.close()
-            self._probe_of.clear()
-            super().teardown()
+            try:
+                self._close_probes()
+            finally:
+                super().teardown()
 
     # -- internals -----------------------------------------------------------------
 
@@ -340,6 +346,18 @@ class ChaosMachine(ClusterMachine):
             if id(fault) in self._overran:
                 self.model.overrun_healed(node)
         self._overran.discard(id(fault))
+
+    def _close_probes(self) -> None:
+        """Close every probe, even if one fails (a stopped server); then raise the first error."""
+        probes, self._probe_of = list(self._probe_of.values()), {}
+        error: BaseException | None = None
+        for probe in probes:
+            try:
+                probe.close()
+            except BaseException as exc:  # re-raised below, after the rest are closed
+                error = error or exc
+        if error is not None:
+            raise error
 
     def _check_probes(self) -> None:
         """Touch the connections behind every proxy whose measured delay leaves less
