@@ -63,8 +63,9 @@ class RawEngine:
             return None
         return wire.decode_handshake(self._hs.recv())
 
-    def join(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        """The whole handshake; returns the WELCOME (AssertionError if refused or silent)."""
+    def join(self, timeout_s: float = 5.0, *, say_ready: bool = True) -> dict[str, Any]:
+        """The whole handshake; returns the WELCOME (AssertionError if refused or silent).
+        With ``say_ready`` False it stops short of READY (an engine dying in startup)."""
         welcome = self.hello(timeout_s)
         assert welcome is not None, "the client never answered the suite engine's HELLO"
         assert welcome["status"] == "WELCOME", f"the client refused the suite engine: {welcome}"
@@ -74,8 +75,9 @@ class RawEngine:
         self.push = self._socket(zmq.PUSH)
         self.push.connect(str(welcome["output"]))
         self.dealer.send(b"")
-        self._hs.send(wire.encode_handshake({"status": "READY",
-                                             "engine_index": self.engine_index}))
+        if say_ready:
+            self._hs.send(wire.encode_handshake({"status": "READY",
+                                                 "engine_index": self.engine_index}))
         return welcome
 
     def requests(self, timeout_s: float) -> list[list[bytes]]:
