@@ -347,8 +347,12 @@ class EngineClient:
         if self._dead is None:
             return (f"engine {index} is running: a replacement is adopted only after an "
                     "engine's death")
-        if index in self._adopting:
-            return f"engine {index} already has a replacement being adopted: a duplicate"
+        pending = self._adopting.get(index)
+        if pending is not None:
+            if pending.watch is None or not pending.watch.exited():
+                return f"engine {index} already has a replacement being adopted: a duplicate"
+            del self._adopting[index]  # it died before its adoption: this one may take over
+            pending.close()
         old = self._watches.get(index)
         if old is not None and not old.exited():
             return (f"engine {index}'s previous incarnation (pid {old.pid}) is still running; "
@@ -371,7 +375,13 @@ class EngineClient:
 
     def _complete_adoptions(self, poller: zmq.Poller) -> None:
         """Swap in every replacement that is ready and registered; alive again when every
-        engine's process is running."""
+        engine's process is running. A replacement that died before it was adopted is
+        forgotten (the next one is welcome)."""
+        for index in [i for i, a in self._adopting.items()
+                      if a.watch is not None and a.watch.exited()]:
+            log.warning("client %d: replacement engine %d died before its adoption",
+                        self.client_index, index)
+            self._adopting.pop(index).close()
         done = [i for i, a in self._adopting.items() if a.ready and a.registered]
         for index in done:
             adoption = self._adopting.pop(index)
@@ -639,8 +649,7 @@ class EngineClient:
         for watch in self._watches.values():
             watch.close()
         for adoption in self._adopting.values():
-            if adoption.watch is not None:
-                adoption.watch.close()
+            adoption.close()
         for sock in self._sockets:
             sock.close(linger=0)
         self._ctx.term()
@@ -664,6 +673,10 @@ class _Adoption:
         self.watch = watch
         self.ready = False
         self.registered = False
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
 
 
 def _finish(value: int) -> FinishReason:

@@ -448,8 +448,18 @@ def test_no_output_of_a_dead_incarnation(rig: Rig, policy: str) -> None:
 
 def _adopts_a_replacement(rig: Rig, client: Any, old_rid: str) -> None:
     """restart adopt: dead with typed errors until a replacement engine (same index, a real
-    process) is adopted; then alive, answering, and nothing of the dead incarnation."""
+    process) is adopted; a first replacement that dies between HELLO and READY is not
+    adopted and leaves the way free for the next; once adopted: alive, answering, and
+    nothing of the dead incarnation."""
     _later_calls_raise_at_once(client, "PIPE-11")
+    doomed = rig.engine_dying_in_startup(client.handshake_address, how="exit0")
+    assert doomed.wait_line("CONNECTING", PROCESS_READY_S), doomed.describe()
+    assert doomed.wait_line("WELCOMED", PROCESS_READY_S), (
+        f"PIPE-11: restart adopt declared, but the dead client did not welcome a replacement "
+        f"engine; {doomed.describe()}")
+    assert doomed.exit_status(PROCESS_READY_S) == 0, doomed.describe()
+    assert not guarded("alive", lambda: client.alive, 5.0), (
+        "PIPE-11: a replacement that died before its READY was adopted")
     replacement = rig.engine([client.handshake_address], clause="PIPE-11",
                              model={"stall_ms": 10})
     deadline = time.monotonic() + PROCESS_READY_S
