@@ -5,7 +5,8 @@ own cost), ``detection`` (heartbeat detection vs the timeout), ``proxy``
 (the embedded fault proxy vs direct TCP), ``kv_events`` (the KV-event publisher
 and subscriber vs raw loops, replay time), ``process`` (process nodes: suite cost and
 pause-detection precision), ``engine_pipeline`` (the engine-pipeline reference vs a raw
-PUSH/PULL loop). Pick some with ``--only``.
+PUSH/PULL loop), ``curve`` (every family's reference with CURVE on vs off, same-run
+ratios; also ``python -m benchmarks.curve_cost``). Pick some with ``--only``.
 
 ``python -m benchmarks stability ...`` is separate (it takes minutes per run):
 consecutive main jobs on the reference, or one test many times; see
@@ -35,6 +36,7 @@ _SECTIONS: dict[str, tuple[str, Callable[[int], dict[str, int]]]] = {
     "kv_events": ("benchmarks.kv_events", lambda r: {"repeats": max(1, r - 2)}),
     "control": ("benchmarks.control", lambda r: {"repeats": r}),
     "engine_pipeline": ("benchmarks.engine_pipeline", lambda r: {"repeats": r}),
+    "curve": ("benchmarks.curve_cost", lambda r: {"repeats": r}),
     "process": ("benchmarks.process_nodes", lambda r: {"repeats": max(1, r // 2), "trials": 30}),
 }
 SECTIONS = tuple(_SECTIONS)

@@ -1,7 +1,8 @@
 """The cost of authentication: each reference with CURVE on vs off, in the same run.
 
 ``python -m benchmarks.curve_cost [--repeats N]`` prints a Markdown table and
-writes ``benchmarks/results/curve.json``. For every family the plain and the
+writes ``benchmarks/results/curve.json``; ``python -m benchmarks --only curve``
+runs the same as a section of the benchmark report. For every family the plain and the
 CURVE variant run in ``N`` interleaved pairs (plain, CURVE, plain, ...), so
 a change in machine load hits both; the table gives medians and the median
 of the per-pair ratios:
@@ -11,9 +12,16 @@ of the per-pair ratios:
 - ``kv``: batches per second from the reference publisher to the reference
   subscriber, and the publish-to-delivery latency p50;
 - ``control``: request/reply round trips per second (the p50 round trip is
-  the latency).
+  the latency);
+- ``engine_pipeline``: requests per second through the reference client and
+  engine (the engine in a thread of the same process; 400 requests of two
+  tokens each in flight at once), and the p50 of one request's round trip
+  (``add()`` to its finishing output, one token).
 
-The CURVE keys are fresh per variant; what is measured is the steady state
+Both ends run in this process, so the process CPU time over the throughput
+phase, per message, is the cost on the machine whatever else runs on it
+(``cpu_us``, the figure to trust on a loaded machine); wall-time figures
+move with the load. The CURVE keys are fresh per variant; what is measured is the steady state
 after the handshake (CURVE's per-message cost: a Curve25519/XSalsa20-Poly1305
 box per frame), plus, separately, the time to connect and handshake.
 """
@@ -25,7 +33,8 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +45,7 @@ _RESULTS = Path(__file__).resolve().parent / "results" / "curve.json"
 _P2P_MESSAGES = 5000
 _ROUND_TRIPS = 300
 _KV_BATCHES = 3000
+_PIPE_REQUESTS = 400
 
 
 def _p50(samples: list[float]) -> float:
@@ -65,6 +75,7 @@ def _p2p(curve: bool) -> dict[str, float]:
         connect_ms = (time.perf_counter() - started) * 1000
         payload = {"p": "x" * 48}
         started = time.perf_counter()
+        cpu_started = time.process_time()
         sent = got = 0
         while got < _P2P_MESSAGES:
             while sent < _P2P_MESSAGES and sent - got < 500:  # below the send HWM
@@ -73,6 +84,7 @@ def _p2p(curve: bool) -> dict[str, float]:
             b.poll()
             got += len(inbound.recv())
         throughput = _P2P_MESSAGES / (time.perf_counter() - started)
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / _P2P_MESSAGES
         rtts: list[float] = []
         for n in range(_ROUND_TRIPS):
             t0 = time.perf_counter()
@@ -83,7 +95,8 @@ def _p2p(curve: bool) -> dict[str, float]:
             while not out.recv():
                 a.poll()
             rtts.append((time.perf_counter() - t0) * 1e6)
-        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
     finally:
         a.close()
         b.close()
@@ -112,12 +125,14 @@ def _kv(curve: bool) -> dict[str, float]:
         while sub.poll(20):
             pass
         started = time.perf_counter()
+        cpu_started = time.process_time()
         for _ in range(_KV_BATCHES):
             pub.publish(batch)
         got = 0
         while got < _KV_BATCHES:
             got += len(sub.poll(50))
         throughput = _KV_BATCHES / (time.perf_counter() - started)
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / _KV_BATCHES
         lat: list[float] = []
         for _ in range(_ROUND_TRIPS):
             t0 = time.perf_counter()
@@ -125,7 +140,8 @@ def _kv(curve: bool) -> dict[str, float]:
             while not sub.poll(5):
                 pass
             lat.append((time.perf_counter() - t0) * 1e6)
-        return {"throughput": throughput, "latency_us": _p50(lat), "connect_ms": connect_ms}
+        return {"throughput": throughput, "latency_us": _p50(lat), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
     finally:
         sub.close()
         pub.shutdown()
@@ -163,30 +179,86 @@ def _control(curve: bool) -> dict[str, float]:
         connect_ms = (time.perf_counter() - started) * 1000
         rtts: list[float] = []
         started = time.perf_counter()
+        cpu_started = time.process_time()
         for n in range(_ROUND_TRIPS * 3):
             t0 = time.perf_counter()
             client.request("ECHO", {"n": n})
             rtts.append((time.perf_counter() - t0) * 1e6)
         throughput = len(rtts) / (time.perf_counter() - started)
-        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms}
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / len(rtts)
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
     finally:
         client.close()
         stop.set()
         thread.join(5)
 
 
+# -- engine pipeline ----------------------------------------------------------------------
+
+
+@contextmanager
+def _pipeline(curve: bool) -> Iterator[tuple[Any, float]]:
+    """A ready reference client and engine (in a thread); yields (client, connect ms)."""
+    from reference_impl.engine_pipeline import EngineClient, EngineCore, FakeModel
+
+    creds = SuiteCredentials.generate()
+    started = time.perf_counter()
+    client = EngineClient("tcp", **(creds.server_kwargs() if curve else {}))
+    engine = EngineCore([client.handshake_address], engine_index=0, model=FakeModel(),
+                        **(creds.client_kwargs() if curve else {}))
+    thread = threading.Thread(target=engine.serve, daemon=True, name="bench-engine")
+    thread.start()
+    try:
+        client.wait_ready()
+        yield client, (time.perf_counter() - started) * 1000
+    finally:
+        engine.shutdown()
+        thread.join(5)
+        client.close()
+
+
+def _finished(client: Any, count: int) -> None:
+    done = 0
+    while done < count:
+        done += sum(1 for out in client.outputs(1000) if out.finished)
+
+
+def _engine_pipeline(curve: bool) -> dict[str, float]:
+    with _pipeline(curve) as (client, connect_ms):
+        client.add("warm-up", [1], 2)
+        _finished(client, 1)
+        started = time.perf_counter()
+        cpu_started = time.process_time()
+        for n in range(_PIPE_REQUESTS):
+            client.add(f"t{n}", [1], 2)
+        _finished(client, _PIPE_REQUESTS)
+        throughput = _PIPE_REQUESTS / (time.perf_counter() - started)
+        cpu_us = (time.process_time() - cpu_started) * 1e6 / _PIPE_REQUESTS
+        rtts: list[float] = []
+        for n in range(_ROUND_TRIPS):
+            t0 = time.perf_counter()
+            client.add(f"l{n}", [1], 1)
+            _finished(client, 1)
+            rtts.append((time.perf_counter() - t0) * 1e6)
+        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
+                "cpu_us": cpu_us}
+
+
 FAMILIES: dict[str, Callable[[bool], dict[str, float]]] = {
-    "p2p": _p2p, "kv": _kv, "control": _control,
+    "p2p": _p2p, "kv": _kv, "control": _control, "engine_pipeline": _engine_pipeline,
 }
 
 
-def run(repeats: int = 5) -> dict[str, Any]:
+def run(repeats: int = 5, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Interleaved plain/CURVE pairs per family; medians and per-pair ratios."""
     results: dict[str, Any] = {}
     for family, measure in FAMILIES.items():
+        if progress is not None:
+            progress(f"curve: {family}, {repeats} plain/CURVE pairs")
         pairs = [(measure(False), measure(True)) for _ in range(repeats)]
         summary: dict[str, float] = {}
-        for key in ("throughput", "latency_us", "connect_ms"):
+        for key in ("throughput", "latency_us", "connect_ms", "cpu_us"):
             plain = [p[key] for p, _ in pairs]
             curve = [c[key] for _, c in pairs]
             summary[f"plain_{key}"] = round(_p50(plain), 1)
@@ -199,19 +271,22 @@ def run(repeats: int = 5) -> dict[str, Any]:
     return {"repeats": repeats, "families": results}
 
 
-def render(data: dict[str, Any]) -> str:
-    lines = [f"CURVE vs plain, {data['repeats']} interleaved pairs per family (medians; ratio "
-             "= median of per-pair CURVE/plain)", "",
-             "| family | throughput plain | CURVE | ratio | latency p50 plain (us) | CURVE | "
-             "added (us) | connect plain (ms) | CURVE |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def markdown(data: dict[str, Any]) -> list[str]:
+    """The section of the benchmark report (lines)."""
+    lines = ["## The cost of CURVE, per family", "",
+             f"CURVE vs plain, {data['repeats']} interleaved pairs per family (medians; ratio "
+             "= median of per-pair CURVE/plain; wall time on a possibly loaded machine)", "",
+             "| family | throughput plain | CURVE | ratio | CPU per op plain (us) | CURVE | "
+             "ratio | latency p50 plain (us) | CURVE | added (us) | connect plain (ms) | CURVE |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for family, s in data["families"].items():
         lines.append(
             f"| {family} | {s['plain_throughput']:.0f}/s | {s['curve_throughput']:.0f}/s | "
-            f"{s['ratio_throughput']:.2f}x | {s['plain_latency_us']:.0f} | "
+            f"{s['ratio_throughput']:.2f}x | {s['plain_cpu_us']:.0f} | {s['curve_cpu_us']:.0f} | "
+            f"{s['ratio_cpu_us']:.2f}x | {s['plain_latency_us']:.0f} | "
             f"{s['curve_latency_us']:.0f} | {s['added_latency_us']:+.0f} | "
             f"{s['plain_connect_ms']:.1f} | {s['curve_connect_ms']:.1f} |")
-    return "\n".join(lines)
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON file")
     args = parser.parse_args(argv)
     data = run(args.repeats)
-    print(render(data))
+    print("\n".join(markdown(data)))
     if not args.no_write:
         _RESULTS.write_text(json.dumps(data, indent=2) + "\n")
     return 0

@@ -33,6 +33,10 @@ def markdown(results: dict[str, Any]) -> str:
         from benchmarks import engine_pipeline
 
         out += engine_pipeline.markdown(results["engine_pipeline"])
+    if "curve" in results:
+        from benchmarks import curve_cost
+
+        out += curve_cost.markdown(results["curve"])
     if "process" in results:
         from benchmarks import process_nodes
 

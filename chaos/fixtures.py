@@ -12,16 +12,26 @@ Load with ``from chaos.fixtures import toxiproxy, toxiproxy_reset`` in a
 When no server can be started, tests using the fixture are skipped with
 the reason, unless ``TOXIPROXY_URL`` or ``TOXIPROXY_SERVER`` is set, in
 which case they fail: asking for a server that is not there is an error.
+
+A fault proxy that stops mid-run is a run error, never a verdict: every API
+call to it raises :class:`chaos.proxy.FaultProxyStopped` (a pytest skip that
+no harness can catch as a failure), and when this module is a plugin (the
+conformance plugin registers it with ``--zmq-chaos``) a test that used the
+handle and *failed* in any other way (its traffic through the dead proxy
+broke first) is checked too: if the proxy no longer answers, the failure
+becomes the same run error ("the fault proxy at ... stopped: exit status
+..., last log lines ..."), with the original failure's first line added.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
 from chaos.launcher import ToxiproxyUnavailable, requested
 from chaos.proxy import Toxiproxy
+from conformance.errors import RUN_ERROR_PREFIX
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +58,30 @@ def toxiproxy_reset(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if handle is not None:
         handle.reset()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failure of a test whose toxiproxy no longer answers becomes a run error."""
+    report = yield
+    handle = getattr(item, "funcargs", {}).get("toxiproxy")
+    if report.failed and isinstance(handle, Toxiproxy):
+        problem = handle.problem()
+        if problem is not None:
+            _as_run_error(report, problem, call)
+    return report
+
+
+def _as_run_error(report: pytest.TestReport, problem: str, call: pytest.CallInfo[None]) -> None:
+    """Turn a failed phase report into the skip of a run error (see the module docstring)."""
+    failure = ""
+    if call.excinfo is not None:
+        lines = str(call.excinfo.value).strip().splitlines()
+        failure = f" (the test had failed with {call.excinfo.typename}: {lines[0][:200]})" \
+            if lines else f" (the test had failed with {call.excinfo.typename})"
+    path, lineno, _ = report.location
+    report.outcome = "skipped"
+    report.longrepr = (str(path), (lineno or 0) + 1,
+                       f"Skipped: {RUN_ERROR_PREFIX}: {problem}{failure}.")

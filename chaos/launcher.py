@@ -97,6 +97,44 @@ class ServerLease:
             return ""
         return self.log_path.read_text(encoding="utf-8", errors="replace")[-limit:]
 
+    def last_log_lines(self, count: int = 8) -> str:
+        """The last ``count`` lines of the server's log (``"(empty)"`` when it wrote none)."""
+        lines = self.log_tail(limit=16_000).splitlines()[-count:]
+        return "\n".join(lines) if lines else "(empty)"
+
+    def describe_stop(self, cause: str) -> str:
+        """Why this server does not answer, for a run error: exit status and log tail.
+
+        ``cause`` is what the failed call saw (e.g. "connection refused"). For a
+        server we started: its exit status (a signal by name), or, while the
+        process still exists, its state (``stopped``: SIGSTOP, by us or by
+        someone signalling our process group); then the last log lines. For an
+        external one only the address and ``cause`` are known.
+        """
+        what = f"the fault proxy at {self.url} ({self.describe_kind()})"
+        proc = self.process
+        if proc is None:
+            return f"{what} stopped answering ({cause}); not started by this run, so no exit status"
+        code = proc.poll()
+        if code is not None:
+            status = f"exit status {code}"
+            if code < 0:
+                with contextlib.suppress(ValueError):
+                    status += f" (killed by {signal.Signals(-code).name})"
+            return f"{what} stopped: {status}, last log lines:\n{self.last_log_lines()}"
+        return (
+            f"{what} stopped answering ({cause}): its process {proc.pid} is still there "
+            f"({_process_state(proc.pid)}), last log lines:\n{self.last_log_lines()}"
+        )
+
+    def describe_kind(self) -> str:
+        """``embedded server``, ``toxiproxy-server PATH`` or ``external server``."""
+        if self.kind == "binary" and self.process is not None:
+            args = self.process.args
+            path = args[0] if isinstance(args, list) and args else "?"
+            return f"{BINARY} {path}"
+        return f"{self.kind} server"
+
 
 _LIVE: set[ServerLease] = set()
 _LIVE_LOCK = threading.Lock()
@@ -110,6 +148,21 @@ def _stop_all_at_exit() -> None:
 
 
 atexit.register(_stop_all_at_exit)
+
+
+def _process_state(pid: int) -> str:
+    """The process's state in words: running, stopped (SIGSTOP or a tracer), a zombie,
+    or unknown (no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            code = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "state unknown"
+    if code in ("T", "t"):
+        return "stopped: SIGSTOP or a tracer"
+    if code == "Z":
+        return "a zombie: exited, not yet reaped"
+    return "running"
 
 
 def _terminate(proc: subprocess.Popen[bytes]) -> None:
@@ -153,13 +206,17 @@ def _external(url: str) -> ServerLease:
 def _spawn(
     argv: list[str], log_dir: tempfile.TemporaryDirectory[str], env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start ``argv`` with stderr to a log file in ``log_dir``; stdout is discarded."""
+    """Start ``argv`` with stdout and stderr to a log file in ``log_dir``.
+
+    Both: toxiproxy-server 2.x logs to stdout, and the log's tail is what a
+    run error about a stopped server shows (``ServerLease.describe_stop``).
+    """
     log_path = Path(log_dir.name) / "server.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=log,
             stderr=log,
             env=env,
             preexec_fn=lifeline.preexec(),

@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
+import requests
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
 from chaos.launcher import Prefer, ServerLease, launch
+from conformance.errors import RunError
 
 StreamName = Literal["upstream", "downstream"]
 ToxicType = Literal[
@@ -45,12 +47,31 @@ ToxicType = Literal[
 ]
 
 _HTTP_TIMEOUT_S = 30.0
+#: What a call that hangs while the server still runs usually is (see docs/chaos.md).
+_HUNG_HINT = (
+    "; a control call that hangs while the server runs is toxiproxy-server's RemoveToxic "
+    "deadlock (a toxic whose reader is stalled, e.g. a paused node; Shopify/toxiproxy#558), "
+    "which wedges that proxy's API for good"
+)
 _STATUS_OF: dict[type[Exception], int] = {NotFound: 404, ProxyExists: 409, InvalidToxic: 400}
 _API_LOCK = threading.RLock()
 
 
 class ToxiproxyError(RuntimeError):
     """A toxiproxy API call failed; the message names the call and the server's answer."""
+
+
+class FaultProxyStopped(RunError):
+    """The fault proxy itself stopped (or stopped answering): a run error, never a verdict.
+
+    Raised by every API call that cannot reach the server. The message names
+    the proxy's address and kind, its exit status (or its process state while
+    it still exists) and the last lines of its log
+    (:meth:`chaos.launcher.ServerLease.describe_stop`). As a
+    :class:`conformance.errors.RunError` it passes through every ``except
+    Exception`` of the harnesses, so no machine can report it as RES-1 or
+    any other clause.
+    """
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,8 @@ class Toxiproxy:
 
     def __init__(self, host: str, port: int, *, lease: ServerLease | None = None) -> None:
         self.host = host
+        #: Seconds an API call may take before the server counts as stopped answering.
+        self.http_timeout_s = _HTTP_TIMEOUT_S
         self.port = port
         self.lease = lease
         self.prefix = _worker_prefix()
@@ -140,20 +163,58 @@ class Toxiproxy:
                 code = _STATUS_OF[type(exc)]
                 raise ToxiproxyError(f"{what}: HTTP {code}: {_text(exc)}") from exc
             except OSError as exc:  # requests' ConnectionError/Timeout derive from OSError
-                raise ToxiproxyError(f"{what}: toxiproxy at {self.url} unreachable: {exc}") from exc
+                hint = _HUNG_HINT if isinstance(exc, requests.Timeout) else ""
+                raise FaultProxyStopped(
+                    self.describe_stop(f"{what}: {_reason(exc)}{hint}")) from exc
+
+    def describe_stop(self, cause: str) -> str:
+        """Why the server does not answer (see ``ServerLease.describe_stop``)."""
+        if self.lease is not None:
+            return self.lease.describe_stop(cause)
+        return (f"the fault proxy at {self.url} (external server) stopped answering "
+                f"({cause}); not started by this run, so no exit status")
+
+    def problem(self, timeout: float = 10.0) -> str | None:
+        """``None`` while the server answers ``GET /version`` within ``timeout``; else
+        the account of its stop, for a run error (used after a failure to tell a dead
+        proxy from a defect of the implementation; the timeout is generous, since a
+        live server that answers late on a loaded machine must not turn a real
+        failure into a run error)."""
+        process = self.lease.process if self.lease is not None else None
+        if process is not None and process.poll() is not None:
+            return self.describe_stop("its process exited")
+        with _API_LOCK:
+            APIConsumer.host, APIConsumer.port = self.host, self.port
+            try:
+                resp = APIConsumer.get("/version", timeout=timeout)
+            except OSError as exc:
+                return self.describe_stop(f"GET /version: {_reason(exc)}")
+        if resp.status_code != 200:
+            return self.describe_stop(f"GET /version: HTTP {resp.status_code}")
+        return None
+
+    def ensure_up(self) -> None:
+        """Raise :class:`FaultProxyStopped` unless the server answers (see :meth:`problem`)."""
+        problem = self.problem()
+        if problem is not None:
+            raise FaultProxyStopped(problem)
 
     def request(self, method: str, path: str, body: object = None) -> Any:
         """One API call; returns the decoded JSON (None for 204). Raises ``ToxiproxyError``."""
         what = f"{method} {path}"
         with self._api(what) as api:
             if method == "GET":
-                resp = api.get(path, timeout=_HTTP_TIMEOUT_S)
+                resp = api.get(path, timeout=self.http_timeout_s)
             elif method == "POST":
-                resp = api.post(path, json=body, timeout=_HTTP_TIMEOUT_S)
+                resp = api.post(path, json=body, timeout=self.http_timeout_s)
             elif method == "DELETE":
-                resp = api.delete(path, timeout=_HTTP_TIMEOUT_S)
+                resp = api.delete(path, timeout=self.http_timeout_s)
             else:
                 raise ValueError(f"unsupported method {method!r}")
+        if resp.status_code == 503:
+            # toxiproxy-server's own handler timeout: the call hung inside the server.
+            raise FaultProxyStopped(self.describe_stop(
+                f"{what}: HTTP 503 {resp.text.strip()[:200]}{_HUNG_HINT}"))
         if resp.status_code >= 300:
             raise ToxiproxyError(f"{what}: HTTP {resp.status_code}: {resp.text.strip()}")
         return resp.json() if resp.content else None
@@ -213,7 +274,7 @@ class Toxiproxy:
 
     def stop(self) -> None:
         """Destroy our proxies (best effort) and stop the server if we started it."""
-        with contextlib.suppress(ToxiproxyError):
+        with contextlib.suppress(ToxiproxyError, FaultProxyStopped):
             self.destroy_all()
         self._owned.clear()
         if self.lease is not None:
@@ -352,3 +413,16 @@ def _text(exc: BaseException) -> str:
     if isinstance(arg, bytes):
         return arg.decode("utf-8", "replace").strip()
     return str(arg).strip()
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost reason of a requests/urllib3 connection error, in one line."""
+    inner: BaseException = exc
+    for _ in range(5):
+        nxt = inner.__context__ or (inner.args[0] if inner.args and
+                                    isinstance(inner.args[0], BaseException) else None)
+        if nxt is None:
+            break
+        inner = nxt
+    text = str(inner) or type(inner).__name__
+    return " ".join(text.split())[:300]

@@ -156,6 +156,8 @@ def _run(pytest_args: list[str], json_path: Path) -> int:
         return 3
     for warning in report.warnings if report is not None else ():
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    for error in report.run_errors if report is not None else ():
+        print(f"{PROG}: run error: {error}", file=sys.stderr)
     code = exit_status(report, status)
     if status == 5:
         print(f"{PROG}: error: no test selected (check -k / --suite)", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from _pytest.outcomes import Skipped  # pytest.skip.Exception, by its importable name
+
 
 class ConfigError(Exception):
     """A user configuration problem (bad ``MODULE:ATTR``, capability, option).
@@ -23,3 +25,29 @@ class CallBlocked(AssertionError):
         super().__init__(f"{call} blocked for {seconds:.1f} s (watchdog)")
         self.call = call
         self.seconds = seconds
+
+
+#: How every run error's skip reason starts (the reports and the exit status find them by it).
+RUN_ERROR_PREFIX = "Run error, not a verdict on the implementation"
+
+
+class RunError(Skipped):
+    """The suite's own infrastructure failed (a fault proxy died, a peer could not send,
+    a node never started within its start-up bound): no verdict on the implementation.
+
+    It is a pytest skip (so the test's clauses are skipped with this reason,
+    never ``failed`` or ``blocked``) and therefore a ``BaseException``: no
+    ``except Exception`` in a harness or a machine can turn it into a clause
+    violation, and Hypothesis re-raises it at once instead of shrinking. The
+    CLI exits with status 3 when a run had one (see
+    :func:`conformance.reporting.verdicts.exit_status`).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(msg=f"{RUN_ERROR_PREFIX}: {message.rstrip('.')}.", pytrace=False)
+        self.detail = message
+
+
+def is_run_error(reason: str | None) -> bool:
+    """Whether a skip reason is a :class:`RunError`'s."""
+    return bool(reason) and str(reason).startswith(RUN_ERROR_PREFIX)

@@ -279,6 +279,7 @@ def test_flaky_wrappers_become_the_first_real_failure(monkeypatch: pytest.Monkey
     from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition
 
     from conformance.contracts.control import machine
+    from conformance.testing import state_machines
 
     class _Stub:
         def __init__(self) -> None:
@@ -288,7 +289,7 @@ def test_flaky_wrappers_become_the_first_real_failure(monkeypatch: pytest.Monkey
         build().first_failure.append(AssertionError("CTL-5: a reply to another request"))
         raise FlakyStrategyDefinition("Inconsistent data generation!")
 
-    monkeypatch.setattr(machine, "run_state_machine_as_test", strategy_changed)
+    monkeypatch.setattr(state_machines, "run_state_machine_as_test", strategy_changed)
     with pytest.raises(AssertionError) as err:
         machine.run(_Stub, None)  # type: ignore[arg-type]
     assert str(err.value).startswith("CTL-5: a reply to another request [Hypothesis could not")
@@ -297,7 +298,7 @@ def test_flaky_wrappers_become_the_first_real_failure(monkeypatch: pytest.Monkey
         raise FlakyFailure("Hypothesis test_x produces unreliable results",
                            [AssertionError("CTL-4: failed after 900 ms")])
 
-    monkeypatch.setattr(machine, "run_state_machine_as_test", failure_not_replayed)
+    monkeypatch.setattr(state_machines, "run_state_machine_as_test", failure_not_replayed)
     with pytest.raises(AssertionError) as err:
         machine.run(_Stub, None, "both")  # type: ignore[arg-type]
     assert str(err.value).startswith("CTL-4: failed after 900 ms")

@@ -48,6 +48,15 @@ TESTS: dict[str, tuple[str, ...]] = {
     "pipe_startup_death_waits_for_deadline": (
         "test_death_between_hello_and_ready_ends_wait_ready",),
     "pipe_probe_then_bind_ports": ("test_concurrent_pipelines_never_collide",),
+    "pipe_curve_on_handshake_only": (
+        "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
+    "pipe_curve_set_after_bind": (
+        "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
+    "pipe_zap_allows_everyone": (
+        "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
+    "pipe_curve_keys_logged": ("test_keyed_peers_are_unaffected_and_no_key_leaks",),
+    "pipe_plain_handshake_retry": ("test_an_engine_sends_no_hello_to_an_impostor_client",),
+    "pipe_no_receive_limit": ("test_hostile_handshakes_oversize_frames_and_floods",),
 }
 _GROUPS = groups("engine-pipeline", SUITE, CATALOG, tests=TESTS,
                  alone=("pipe_calls_not_failed_on_death", "pipe_no_ready_deadline",

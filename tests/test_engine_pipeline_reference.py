@@ -278,3 +278,58 @@ def test_reference_declares_its_capabilities() -> None:
     assert REFERENCE.capabilities["restart"] == "none,adopt"
     assert REFERENCE_ADOPT.capabilities["restart"] == "adopt"
     assert REFERENCE() is REFERENCE
+
+
+# -- CURVE ---------------------------------------------------------------------------
+
+
+def test_curve_keys_that_do_not_fit_are_value_errors_naming_the_option() -> None:
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        (EngineClient, {"curve_server_secret_key": b"short",
+                        "curve_allowed_client_keys": [public]}, "curve_server_secret_key"),
+        (EngineClient, {"curve_server_secret_key": secret},
+         "curve_allowed_client_keys and curve_zap_handler"),
+        (EngineClient, {"curve_server_secret_key": secret,
+                        "curve_allowed_client_keys": [public[:39]]},
+         r"curve_allowed_client_keys\[0\]"),
+    ]
+    before = threading.active_count()
+    for factory, options, option in cases:
+        with pytest.raises(ValueError, match=option) as info:
+            factory("tcp", **options)
+        assert secret.decode() not in str(info.value)
+    with pytest.raises(ValueError, match="curve_server_key"):
+        EngineCore(["tcp://127.0.0.1:1"], engine_index=0, model=FakeModel(),
+                   curve_client_secret_key=secret, curve_server_key=b"x" * 7)
+    with pytest.raises(ValueError, match="go together"):
+        EngineCore(["tcp://127.0.0.1:1"], engine_index=0, model=FakeModel(),
+                   curve_client_secret_key=secret)
+    assert threading.active_count() == before, "a refused configuration left a thread"
+
+
+def test_curve_pipeline_serves_and_close_leaves_no_thread() -> None:
+    import zmq
+
+    server_pub, server_sec = zmq.curve_keypair()
+    engine_pub, engine_sec = zmq.curve_keypair()
+    before = {t.name for t in threading.enumerate()}
+    client = EngineClient("tcp", curve_server_secret_key=server_sec,
+                          curve_allowed_client_keys=[engine_pub])
+    engine = EngineCore([client.handshake_address], engine_index=0, model=FakeModel(),
+                        curve_client_secret_key=engine_sec, curve_server_key=server_pub)
+    thread = threading.Thread(target=engine.serve, daemon=True)
+    thread.start()
+    try:
+        client.wait_ready(10_000)
+        client.add("c", [1], 3)
+        assert [t for o in _collect(client, "c") for t in o.token_ids] == \
+            [token_of("c", p) for p in range(3)]
+    finally:
+        engine.shutdown()
+        thread.join(5)
+        client.close()
+    left = {t.name for t in threading.enumerate()} - before
+    assert not left, f"threads left after close(): {sorted(left)}"

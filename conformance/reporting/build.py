@@ -9,7 +9,7 @@ import pytest
 from conformance import contracts
 from conformance.config import selection
 from conformance.config.session import State
-from conformance.errors import ConfigError
+from conformance.errors import ConfigError, is_run_error
 from conformance.reporting.verdicts import NO_TEST_REASON, ReplayContext, RunReport, aggregate
 
 __all__ = ["build_report"]
@@ -42,6 +42,8 @@ def build_report(config: pytest.Config, state: State) -> RunReport:
         transport=transport, profile=state.profile, seed=seed, clauses=verdicts,
         contract=state.contract,
         warnings=_xfail_warnings(config, state),
+        run_errors=[f"{r.nodeid}: {r.reason}" for r in state.results.values()
+                    if is_run_error(r.reason)],
     )
 
 

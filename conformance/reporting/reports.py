@@ -237,5 +237,6 @@ def read_report(path: Path) -> RunReport | None:
         seed=data.get("seed"), clauses=verdicts,
         warnings=[str(w) for w in data.get("warnings", [])],
         contract=str(data.get("contract", contracts.DEFAULT_CONTRACT)),
+        run_errors=[str(e) for e in data.get("run_errors", [])],
     )
 

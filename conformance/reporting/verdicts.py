@@ -294,6 +294,9 @@ class RunReport:
     warnings: list[str] = field(default_factory=list)
     #: The contract checked (:mod:`conformance.contracts`).
     contract: str = DEFAULT_CONTRACT
+    #: "nodeid: reason" of each test ended by a :class:`conformance.errors.RunError`
+    #: (the suite's own infrastructure failed; its clauses are skipped, the run exits 3).
+    run_errors: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -323,6 +326,7 @@ class RunReport:
             "seed": self.seed,
             "counts": self.counts(),
             "warnings": list(self.warnings),
+            "run_errors": list(self.run_errors),
             "clauses": {cid: v.to_json() for cid, v in self.clauses.items()},
         }
 
@@ -454,7 +458,10 @@ def exit_status(report: RunReport | None, pytest_status: int) -> int:
     0: every clause passed, was skipped or failed as expected; 1: a clause
     failed, was flaky, was blocked, crashed or unexpectedly passed (or pytest saw a failing
     test); 2: usage or configuration error, or no test selected; 3: the
-    suite could not run (collection error, internal error, interrupted).
+    suite could not run (collection error, internal error, interrupted), or
+    a test ended with a run error (a fault proxy stopped, a node never
+    started: the clauses it would have judged have no evidence) and no clause
+    failed.
     """
     if pytest_status == 4:
         return 2
@@ -468,4 +475,6 @@ def exit_status(report: RunReport | None, pytest_status: int) -> int:
         return 3
     if pytest_status == 1 or report.failed:
         return 1
+    if report.run_errors:
+        return 3
     return 0

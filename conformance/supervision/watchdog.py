@@ -46,7 +46,7 @@ from conformance.errors import CallBlocked
 __all__ = [
     "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
     "progress",
-    "set_block_hook", "set_default_limit", "set_progress_hook",
+    "set_block_hook", "set_default_limit", "set_progress_hook", "suspended",
 ]
 
 P = ParamSpec("P")
@@ -72,6 +72,8 @@ class _Guard:
 
 
 _stack: list[_Guard] = []
+#: How many guards at the bottom of the stack a :func:`suspended` section has frozen.
+_frozen = 0
 _saved_handler: Any = None
 _saved_timer: tuple[float, float] = (0.0, 0.0)
 _saved_at = 0.0
@@ -199,7 +201,7 @@ def _uninstall() -> None:
 
 
 def _arm() -> None:
-    pending = [g.deadline for g in _stack if not g.fired]
+    pending = [g.deadline for g in _stack[_frozen:] if not g.fired]
     if not pending:
         signal.setitimer(signal.ITIMER_REAL, 0)
         return
@@ -208,7 +210,7 @@ def _arm() -> None:
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     now = time.monotonic()
-    expired = [g for g in _stack if not g.fired and g.deadline <= now]
+    expired = [g for g in _stack[_frozen:] if not g.fired and g.deadline <= now]
     if not expired:
         # Early or stale alarm: re-arm for whatever is still pending.
         _arm()
@@ -220,3 +222,37 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         _on_block()
     _blocked_in_test = True
     raise CallBlocked(victim.call, victim.limit)
+
+
+@contextmanager
+def suspended() -> Iterator[None]:
+    """Inside, the guards already open do not run: time the suite spends on its own
+    infrastructure (starting a node process: an interpreter, its imports) is not
+    time of the implementation's call, whose guard is around it.
+
+    The open guards' deadlines move on by the time spent inside, so each still
+    allows its whole limit to the implementation's own work. Guards opened
+    inside run as usual. The caller bounds the section itself (e.g. the
+    process nodes' start-up bound) and reports an overrun as a run error;
+    :func:`progress` is called on entry and exit, so the stall deadline of
+    :mod:`conformance.supervision.postmortem` does not count the wait either
+    as long as the caller calls :func:`progress` while it waits.
+    """
+    global _frozen
+    progress()
+    if not active():
+        yield
+        return
+    saved, started = _frozen, time.monotonic()
+    _frozen = len(_stack)
+    _arm()
+    try:
+        yield
+    finally:
+        spent = time.monotonic() - started
+        for entry in _stack[saved:_frozen]:
+            entry.deadline += spent
+        _frozen = saved
+        if _stack:
+            _arm()
+        progress()

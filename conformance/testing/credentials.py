@@ -6,10 +6,11 @@ its factories take these keyword arguments, all Z85 ``bytes`` (40
 characters, what ``zmq.curve_keypair()`` returns):
 
 - a server side (p2p ROUTER, KV publisher's PUB and replay ROUTER, control
-  server): ``curve_server_secret_key`` and ``curve_allowed_client_keys`` (a
-  list of client public keys to let in; nobody else);
-- a client side (p2p DEALERs, KV subscriber, control client):
-  ``curve_client_secret_key`` and ``curve_server_key`` (the server public
+  server, the engine-pipeline client, which binds every socket):
+  ``curve_server_secret_key`` and ``curve_allowed_client_keys`` (a list of
+  client public keys to let in; nobody else);
+- a client side (p2p DEALERs, KV subscriber, control client, an engine of the
+  engine pipeline): ``curve_client_secret_key`` and ``curve_server_key`` (the server public
   key to pin; a server without the matching secret must be refused).
 
 A p2p node is both, so it gets all four. The suite draws fresh keys for each

@@ -1,6 +1,6 @@
 """What a hostile peer on the network sends below ZeroMQ: raw ZMTP byte streams.
 
-Every family's fuzz clause (SEC-3, EVT-11, CTL-9) opens plain TCP
+Every family's fuzz clause (SEC-3, EVT-11, CTL-9, PIPE-14) opens plain TCP
 connections to the implementation's bound endpoints and writes streams no
 honest libzmq peer would: random greetings, greetings cut short, NULL and
 CURVE handshakes with garbage commands (a CURVE HELLO whose boxes are random

@@ -1,4 +1,4 @@
-"""The engine-pipeline contract (PIPE-1..12) on the ``vllm-v1`` profile: reference sides.
+"""The engine-pipeline contract (PIPE-1..14) on the ``vllm-v1`` profile: reference sides.
 
 vLLM V1's API servers talk to their EngineCore processes over ZeroMQ: a
 ROUTER and a PULL bound by each client, a DEALER and a PUSH per client
@@ -21,6 +21,12 @@ restart policies as the keyword option ``restart`` (``none`` by default,
 ``adopt``), so it declares ``restart: "none,adopt"`` and the suite runs the
 restart clause once per policy; ``REFERENCE_ADOPT`` is the same pipeline
 declaring ``adopt`` alone (the whole suite with adopting clients).
+
+CURVE is off by default. The client binds, so it is the CURVE server
+(``curve_server_secret_key`` with ``curve_allowed_client_keys`` or
+``curve_zap_handler``); each engine is a CURVE client of it
+(``curve_client_secret_key``, ``curve_server_key``), on every socket, the
+handshake one included (``docs/security.md``).
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ REFERENCE_CAPABILITIES: Mapping[str, Any] = {
     "malformed_input": "tolerate",
     "restart": "none,adopt",
     "max_message_bytes": 64 << 20,
+    "authentication": True,
 }
 
 REFERENCE = PipelineImplementation(engine=EngineCore, client=HeartbeatClient,

@@ -43,6 +43,19 @@ What follows a death is the ``restart`` option:
 
 Callers may use the client from several threads (requests are sent under a
 lock); ``close()`` is bounded and idempotent.
+
+CURVE (off by default): the client binds, so it is the CURVE *server* on all
+three sockets (handshake ROUTER, request ROUTER, output PULL), and engines
+authenticate to it with their own key pairs. ``curve_server_secret_key``
+plus either ``curve_allowed_client_keys`` (the engines' public keys) or
+``curve_zap_handler`` (``(engine_public_key, address) -> bool``) turn it
+on; every option is set before ``bind()``. A ZAP handler in a small thread
+of the client's own (``engine-client<N>-zap``, joined by ``close()``)
+answers each engine's handshake, so authentication never waits for the
+output I/O loop. Every socket refuses frames past a receive limit
+(``ZMQ_MAXMSGSIZE``): 64 KiB on the handshake and request sockets (engines
+send HELLO/READY and one empty registration message there), and
+``max_message_bytes`` plus framing on the output PULL.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ import logging
 import os
 import shutil
 import socket as _socket
+import struct
 import tempfile
 import threading
 import time
@@ -65,6 +79,7 @@ from typing import Any, Final
 import msgspec
 import zmq
 
+from reference_impl import _curve
 from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.errors import (
     AddressInUse,
@@ -101,6 +116,11 @@ RESTART_POLICIES: Final = ("none", "adopt")
 _monitor_ids = itertools.count()
 _ZERO_COPY_BYTES: Final = 65536
 _IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
+#: Receive limit of the handshake and request sockets (HELLO, READY, a registration).
+CONTROL_FRAME_LIMIT: Final = 64 << 10
+#: What an output frame may carry beyond ``max_message_bytes`` (MessagePack framing).
+_OUTPUT_FRAME_SLACK: Final = 64 << 10
+_ZAP_POLL_MS: Final = 50
 
 
 class RequestOutput(msgspec.Struct, frozen=True):
@@ -125,7 +145,13 @@ class EngineClient:
                  client_count: int = 1, engine_indices: Sequence[int] = (0,),
                  ready_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
                  heartbeat_timeout_ms: int = 0, max_message_bytes: int = 64 << 20,
-                 restart: str = "none") -> None:
+                 restart: str = "none",
+                 curve_server_secret_key: bytes | str | None = None,
+                 curve_allowed_client_keys: Sequence[bytes | str] | None = None,
+                 curve_zap_handler: _curve.ZapPolicy | None = None) -> None:
+        # Checked first: a bad key is a ValueError before any socket exists.
+        self._curve = _curve.server_config(curve_server_secret_key, curve_allowed_client_keys,
+                                           curve_zap_handler)
         if not 0 <= client_index < client_count:
             raise ValueError(f"client_index {client_index} not in range({client_count})")
         if not engine_indices or len(set(engine_indices)) != len(engine_indices):
@@ -150,6 +176,8 @@ class EngineClient:
         self._state = threading.Condition()
         self._encoder = wire.Encoder()
         self._outputs: deque[RequestOutput] = deque()
+        #: Output messages delivered so far (the I/O thread wakes readers once per batch).
+        self._delivered = 0
         self._requests: dict[str, int] = {}
         self._calls: dict[int, Future[Any]] = {}
         self._call_ids = itertools.count(1)
@@ -158,18 +186,30 @@ class EngineClient:
         self._dead: EngineDead | None = None
         #: Replacements being adopted (restart "adopt"), by engine index; the I/O thread's.
         self._adopting: dict[int, _Adoption] = {}
+        #: Replacements swapped in, waiting for the client to come back to life.
+        self._adopted: list[int] = []
         #: How many times the client came back to life by adopting (restart "adopt").
         self.adoptions = 0
         self._closed = False
         self._ready = False
         self._io_thread: threading.Thread | None = None
         self._monitor: zmq.Socket[bytes] | None = None
+        #: Output connections accepted and still up (fds, from the monitor).
+        self._output_fds: set[int] = set()
+        #: The engines' output connections: those up when the client became ready.
+        self._engine_fds: frozenset[int] | None = None
         self._sockets: list[zmq.Socket[bytes]] = []
+        self._zap: _curve.ZapHandler | None = None
+        self._zap_thread: threading.Thread | None = None
+        self._zap_stop = threading.Event()
         try:
+            self._start_zap()
             endpoints = self._endpoints(addresses)
             self._handshake = self._bind(zmq.ROUTER, endpoints["handshake"])
             self._input = self._bind(zmq.ROUTER, endpoints["input"], mandatory=True)
             self._output = self._bind(zmq.PULL, endpoints["output"], heartbeat=True)
+            if self.heartbeat_ivl_ms:
+                self._monitor = self._start_monitor()
         except BaseException:
             self._release()
             raise
@@ -213,6 +253,7 @@ class EngineClient:
         sock = self._ctx.socket(kind)
         self._sockets.append(sock)
         sock.setsockopt(zmq.LINGER, 0)
+        self._secure(sock, kind)
         if mandatory:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             if self.restart == "adopt":
@@ -235,6 +276,45 @@ class EngineClient:
         else:
             sock.bind(endpoint)
         return sock
+
+    # -- security -----------------------------------------------------------------
+
+    def _secure(self, sock: zmq.Socket[bytes], kind: int) -> None:
+        """The receive limit and (when on) CURVE: before bind(), as libzmq copies options
+        into a listener when it is created and ignores later changes."""
+        limit = (self.max_message_bytes + _OUTPUT_FRAME_SLACK if kind == zmq.PULL
+                 else CONTROL_FRAME_LIMIT)
+        sock.setsockopt(zmq.MAXMSGSIZE, limit)
+        if self._curve is not None:
+            self._curve.apply(sock)
+
+    def _start_zap(self) -> None:
+        """Bind the ZAP handler (before any CURVE socket binds) and start its thread."""
+        if self._curve is None:
+            return
+        self._zap = _curve.ZapHandler(self._ctx, self._curve.policy)
+        self._zap_thread = threading.Thread(target=self._zap_loop, args=(self._zap,),
+                                            daemon=True,
+                                            name=f"engine-client{self.client_index}-zap")
+        self._zap_thread.start()
+
+    def _zap_loop(self, zap: _curve.ZapHandler) -> None:
+        """The ZAP thread: answers handshakes until close(); it closes the ZAP socket."""
+        try:
+            while not self._zap_stop.is_set():
+                if zap.socket.poll(_ZAP_POLL_MS):
+                    zap.serve()
+        except zmq.ZMQError:
+            pass  # the context is terminating
+        finally:
+            zap.close()
+
+    def _stop_zap(self) -> None:
+        self._zap_stop.set()
+        if self._zap_thread is not None:
+            self._zap_thread.join(CLOSE_BOUND_S / 4)
+        elif self._zap is not None:
+            self._zap.close()
 
     # -- startup ------------------------------------------------------------------
 
@@ -270,6 +350,7 @@ class EngineClient:
             if death is not None:
                 self._die(death)
                 raise self._dead_error()
+        self._adopt_output_connections(deadline)
         self._ready = True
         self._io_thread = threading.Thread(target=self._io_loop, daemon=True,
                                            name=f"engine-client{self.client_index}-io")
@@ -395,16 +476,24 @@ class EngineClient:
                 self._watches[index] = adoption.watch
                 if adoption.watch.fd is not None:
                     poller.register(adoption.watch.fd, zmq.POLLIN)
-        if not done or self._adopting or any(w.exited() for w in self._watches.values()):
+        self._adopted += done
+        if not self._adopted or self._adopting \
+                or any(w.exited() for w in self._watches.values()):
             return
-        if self._monitor is not None:  # disconnects of the dead incarnation: already seen
-            with contextlib.suppress(zmq.Again):
-                while True:
-                    self._monitor.recv_multipart(zmq.NOBLOCK)
+        if self._monitor is not None:
+            # The output connections up now are the engines' again (as at ready): the dead
+            # incarnation's are gone, the replacement's must be there (PIPE-14).
+            while self._monitor.poll(0):
+                self._on_monitor_event(self._monitor.recv_multipart())
+            if len(self._output_fds) < len(self.engine_indices):
+                return  # the replacement's PUSH is not accepted yet: the next turn
+            self._engine_fds = frozenset(self._output_fds)
         with self._state:
             if self._closed:
                 return
-            log.warning("client %d: adopted replacement engine(s) %s", self.client_index, done)
+            log.warning("client %d: adopted replacement engine(s) %s", self.client_index,
+                        self._adopted)
+            self._adopted = []
             self._dead = None
             self.adoptions += 1
             self._state.notify_all()
@@ -520,22 +609,28 @@ class EngineClient:
         poller = zmq.Poller()
         poller.register(self._output, zmq.POLLIN)
         poller.register(self._handshake, zmq.POLLIN)
-        if self.heartbeat_ivl_ms:
-            self._monitor = self._start_monitor()
+        if self._monitor is not None:
             poller.register(self._monitor, zmq.POLLIN)
         for watch in self._watches.values():
             if watch.fd is not None:
                 poller.register(watch.fd, zmq.POLLIN)
         try:
             while not self._closed:
-                events = dict(poller.poll(_ADOPT_POLL_MS if self._adopting else _IO_POLL_MS))
+                events = dict(poller.poll(_ADOPT_POLL_MS if self._adopting or self._adopted
+                                          else _IO_POLL_MS))
                 if self._output in events:
+                    before = self._delivered
                     for _ in range(256):
                         try:
                             frames = self._output.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
                         self._on_output(frames, decoders)
+                    if self._delivered != before:
+                        # One wake-up per batch read, not per message: a reader woken
+                        # mid-batch would only contend for the GIL with this thread.
+                        with self._state:
+                            self._state.notify_all()
                 if self._handshake in events:
                     self._on_handshake(self._handshake.recv_multipart(), None, set())
                 if self._monitor is not None and self._monitor in events:
@@ -545,7 +640,7 @@ class EngineClient:
                         if watch.fd is not None:
                             poller.unregister(watch.fd)  # readable for good: no busy loop
                         self._die(f"engine {index} (pid {watch.pid}) exited")
-                if self._adopting:
+                if self._adopting or self._adopted:
                     self._register_replacements()
                     self._complete_adoptions(poller)
         except zmq.ContextTerminated:
@@ -587,22 +682,51 @@ class EngineClient:
                                                    out.payload, out.detail))
                 delivered = True
             if delivered:
-                self._state.notify_all()
+                self._delivered += 1
 
     def _start_monitor(self) -> zmq.Socket[bytes]:
+        """Watch the output PULL from its bind on, so every engine's connection is seen."""
         endpoint = f"inproc://engine-client-monitor-{os.getpid()}-{next(_monitor_ids)}"
-        self._output.monitor(endpoint, zmq.EVENT_DISCONNECTED)
+        self._output.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         monitor = self._ctx.socket(zmq.PAIR)
         monitor.setsockopt(zmq.LINGER, 0)
         monitor.connect(endpoint)
         self._sockets.append(monitor)
         return monitor
 
+    def _adopt_output_connections(self, deadline: float) -> None:
+        """At ready: the output connections up now are the engines' (PIPE-14).
+
+        A lost connection is a dead engine only if it was one of these: a stranger's
+        garbage, a refused CURVE handshake or a port scan on the output port also
+        end in a disconnection, after ready (restart ``none``: no engine joins later;
+        ``adopt`` renews the set at each adoption). Waits, within the ready deadline,
+        until one connection per engine is up (an engine connects its PUSH with its
+        DEALER, so it is there already).
+        """
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while True:
+            while monitor.poll(0):
+                self._on_monitor_event(monitor.recv_multipart())
+            left = deadline - time.monotonic()
+            if len(self._output_fds) >= len(self.engine_indices) or left <= 0:
+                break
+            monitor.poll(int(min(left, 0.05) * 1000) + 1)
+        self._engine_fds = frozenset(self._output_fds)
+
     def _on_monitor_event(self, frames: list[bytes]) -> None:
-        event = int.from_bytes(frames[0][:2], "little") if frames and len(frames[0]) >= 2 else 0
-        if event == zmq.EVENT_DISCONNECTED:
-            self._die("an engine's output connection was lost (no heartbeat within "
-                      f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
+        if not frames or len(frames[0]) < 6:
+            return
+        event, fd = struct.unpack("=HI", frames[0][:6])
+        if event == zmq.EVENT_ACCEPTED:
+            self._output_fds.add(fd)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self._output_fds.discard(fd)
+            if self._engine_fds is not None and fd in self._engine_fds:
+                self._die("an engine's output connection was lost (no heartbeat within "
+                          f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
 
     # -- death and close ------------------------------------------------------------
 
@@ -640,12 +764,13 @@ class EngineClient:
             self._state.notify_all()
         if self._io_thread is not None:
             self._io_thread.join(CLOSE_BOUND_S / 2)
-        if self._monitor is not None and self._io_thread is not None \
-                and not self._io_thread.is_alive():
+        if self._monitor is not None and (self._io_thread is None
+                                          or not self._io_thread.is_alive()):
             self._output.disable_monitor()
         self._release()
 
     def _release(self) -> None:
+        self._stop_zap()
         for watch in self._watches.values():
             watch.close()
         for adoption in self._adopting.values():

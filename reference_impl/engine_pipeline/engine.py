@@ -6,22 +6,38 @@ order. ``serve()`` shakes hands with each client (HELLO, then the client's
 WELCOME naming its request and output addresses), connects a DEALER
 (identity: the engine index, 2 bytes little endian) and a PUSH to each,
 sends the DEALER's first message so the client's ROUTER knows it, says
-READY, and runs three threads:
+READY, and runs two threads:
 
 - the *input thread* receives requests from every DEALER and decodes them
   (strictly: :mod:`reference_impl.engine_pipeline.wire`). Hostile frames are
   logged, counted in :attr:`EngineCore.dropped_frames` and dropped; anything
   else it raises is handed to the main loop as a fatal error, never a
   silently dead thread (vLLM #26139).
-- the *main loop* (the caller's thread) applies requests to the model and
-  steps it while requests run; it never blocks on the pipeline: outputs go
-  to an unbounded queue.
-- the *output thread* encodes outputs (per client) into reused buffers and
-  sends them without blocking. A client that stops reading gets a backlog
-  of its own; the others are unaffected (PIPE-4). A blob buffer is reused
-  only when the tracker of the frame that carries it (frame 0, the payload
-  frame) is done; ``send_multipart`` returns the *last* frame's tracker,
-  which says nothing about frame 0 (vLLM #24655, PR #50053).
+- the *main loop* (the caller's thread) applies requests to the model,
+  steps it while requests run, and sends each step's outputs itself (one
+  message per client per step) through :class:`_OutputSender`, without
+  blocking: a send the client cannot take now goes to that client's backlog,
+  retried on every turn of the loop. A client that stops reading gets a
+  backlog of its own; the others are unaffected (PIPE-4).
+
+Why the main loop sends (vLLM has a third, output, thread): the output
+thread buys overlap of encoding with GPU work, and here there is no GPU
+work; under the GIL a hand-off to it only added a queue, a wake-up and a
+thread switch to every step's latency, and a socket shared between threads.
+Sending from the loop is safe because every send is ``NOBLOCK`` (a full
+pipe costs one failed ``send``, never a wait), and each PUSH is used by
+this one thread only (zmq sockets are not thread-safe).
+
+Buffers (PIPE-3): a step's blob is encoded into a reused ``bytearray``. A
+blob below pyzmq's copy threshold (64 KiB) is copied into the zmq message
+by ``send`` itself, so its buffer is free as soon as ``send`` returns. A
+larger blob is sent zero-copy, and its buffer is reused only when the
+tracker of the frame that carries it (frame 0, the payload frame) is done;
+``send_multipart`` returns the *last* frame's tracker, which says nothing
+about frame 0 (vLLM #24655, PR #50053). Aux frames (arrays, large bytes)
+are views of the model's own objects, sent zero-copy without a tracker:
+the zmq message holds a reference to them until libzmq is done, and
+nothing here writes to them again.
 
 A fatal error (the model's step raises, the input thread fails) sends the
 one-frame :data:`ENGINE_CORE_DEAD` to every client and makes ``serve()``
@@ -34,6 +50,14 @@ with it, vLLM #55510).
 Options: ``handshake_timeout_ms`` (default 10000) bounds the wait for each
 WELCOME; ``heartbeat_ivl_ms``/``heartbeat_timeout_ms`` set ZMTP heartbeats
 on the engine's sockets (0: off).
+
+CURVE (off by default): the engine connects, so it is the CURVE *client*:
+``curve_client_secret_key`` (its own key) and ``curve_server_key`` (the
+clients' server public key, pinned) go on every socket it opens (handshake
+DEALER, request DEALER, output PUSH), before ``connect()``. A client at the
+address that does not hold the matching secret never completes a handshake,
+so it gets no HELLO and can send no request. The handshake socket refuses
+frames past 64 KiB (``ZMQ_MAXMSGSIZE``; WELCOME and REFUSED are tiny).
 """
 
 from __future__ import annotations
@@ -51,6 +75,7 @@ from typing import Any, Final
 
 import zmq
 
+from reference_impl import _curve
 from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.errors import (
     EngineFatal,
@@ -73,9 +98,13 @@ log = logging.getLogger(__name__)
 #: How long ``serve()`` takes at most to return after ``shutdown()``.
 SHUTDOWN_BOUND_S: Final = 1.0
 _IDLE_WAIT_S: Final = 0.02
+#: How often an idle main loop retries a backlogged client.
+_BACKLOG_RETRY_S: Final = 0.005
 _INPUT_POLL_MS: Final = 50
 _INPUT_BATCH: Final = 1024
 _WATCH_EVERY_S: Final = 0.05
+#: Receive limit of the handshake socket (WELCOME, REFUSED).
+_HANDSHAKE_FRAME_LIMIT: Final = 64 << 10
 
 _Fatal = tuple[str, BaseException]
 
@@ -83,12 +112,16 @@ _Fatal = tuple[str, BaseException]
 class EngineCore:
     """One engine (see the module docstring). Build it, then call :meth:`serve` once."""
 
-    #: The output thread's sender (a hook for variants of the reference).
+    #: The main loop's sender (a hook for variants of the reference).
     _sender_type: type[_OutputSender]
 
     def __init__(self, addresses: Sequence[str], *, engine_index: int, model: Any,
                  handshake_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
-                 heartbeat_timeout_ms: int = 0) -> None:
+                 heartbeat_timeout_ms: int = 0,
+                 curve_client_secret_key: bytes | str | None = None,
+                 curve_server_key: bytes | str | None = None) -> None:
+        # Checked first: a bad key is a ValueError before any socket exists.
+        self._curve = _curve.client_config(curve_client_secret_key, curve_server_key)
         if not addresses:
             raise ValueError("an engine needs the handshake address of at least one client")
         if not 0 <= engine_index < 1 << 16:
@@ -103,7 +136,6 @@ class EngineCore:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._stop = threading.Event()
         self._inputs: queue.SimpleQueue[tuple[RequestType, Any] | _Fatal] = queue.SimpleQueue()
-        self._outputs: queue.SimpleQueue[tuple[int, EngineOutputs] | None] = queue.SimpleQueue()
         self._handshakes: list[zmq.Socket[bytes]] = []
         self._dealers: list[zmq.Socket[bytes]] = []
         self._pushes: list[zmq.Socket[bytes]] = []
@@ -121,28 +153,27 @@ class EngineCore:
         if self._served:
             raise RuntimeError("serve() runs once per EngineCore")
         self._served = True
-        threads: list[threading.Thread] = []
+        input_thread: threading.Thread | None = None
         try:
             self._handshake()
-            threads = [
-                threading.Thread(target=self._input_loop, daemon=True,
-                                 name=f"engine{self.engine_index}-input"),
-                threading.Thread(target=self._output_loop, daemon=True,
-                                 name=f"engine{self.engine_index}-output"),
-            ]
-            for thread in threads:
-                thread.start()
-            fatal = self._main_loop()
+            sender = self._sender_type(self._pushes)
+            input_thread = threading.Thread(target=self._input_loop, daemon=True,
+                                            name=f"engine{self.engine_index}-input")
+            input_thread.start()
+            try:
+                fatal = self._main_loop(sender)
+            except Exception as failure:  # a send, the model's add/abort: fatal, visibly
+                fatal = ("the main loop", failure)
             if fatal is not None:
                 where, exc = fatal
-                self._send_dead(threads)
+                self._send_dead()
                 raise EngineFatal(f"engine {self.engine_index}: {where} failed: "
                                   f"{type(exc).__name__}: {exc}") from exc
+            sender.flush(SHUTDOWN_BOUND_S / 4)
         finally:
             self._stop.set()
-            self._outputs.put(None)
-            for thread in threads:
-                thread.join(SHUTDOWN_BOUND_S / 2)
+            if input_thread is not None:
+                input_thread.join(SHUTDOWN_BOUND_S / 2)
             self._teardown()
 
     # -- startup ----------------------------------------------------------------
@@ -154,6 +185,8 @@ class EngineCore:
             sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
             sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_timeout_ms)
+        if self._curve is not None:
+            self._curve.apply(sock)  # before connect(): libzmq reads it per connection
         return sock
 
     def _handshake(self) -> None:
@@ -163,6 +196,7 @@ class EngineCore:
         })
         for address in self.addresses:
             hs = self._socket(zmq.DEALER)
+            hs.setsockopt(zmq.MAXMSGSIZE, _HANDSHAKE_FRAME_LIMIT)
             hs.setsockopt(zmq.LINGER, 500)  # READY must leave before a quick close
             hs.connect(address)
             self._handshakes.append(hs)
@@ -245,17 +279,20 @@ class EngineCore:
             self.dropped_frames += 1
             log.warning("engine %d: dropped a request: %s", self.engine_index, exc)
 
-    def _main_loop(self) -> _Fatal | None:
+    def _main_loop(self, sender: _OutputSender) -> _Fatal | None:
         model = self.model
         next_watch = 0.0
         while not self._stop.is_set():
             try:
-                item = (self._inputs.get_nowait() if model.has_work
-                        else self._inputs.get(timeout=_IDLE_WAIT_S))
+                if model.has_work:
+                    item = self._inputs.get_nowait()
+                else:
+                    item = self._inputs.get(
+                        timeout=_BACKLOG_RETRY_S if sender.backlogged else _IDLE_WAIT_S)
             except queue.Empty:
                 item = None
             while item is not None:
-                fatal = self._apply(item)
+                fatal = self._apply(item, sender)
                 if fatal is not None:
                     return fatal
                 try:
@@ -267,7 +304,9 @@ class EngineCore:
                     produced = model.step()
                 except Exception as exc:
                     return ("the model's step", exc)
-                self._queue_outputs(produced)
+                self._send_outputs(produced, sender)
+            if sender.backlogged:
+                sender.retry()
             now = time.monotonic()
             if now >= next_watch:
                 next_watch = now + _WATCH_EVERY_S
@@ -278,7 +317,8 @@ class EngineCore:
                     return None
         return None
 
-    def _apply(self, item: tuple[RequestType, Any] | _Fatal) -> _Fatal | None:
+    def _apply(self, item: tuple[RequestType, Any] | _Fatal,
+               sender: _OutputSender) -> _Fatal | None:
         kind = item[0]
         value: Any = item[1]
         if isinstance(kind, str):
@@ -293,11 +333,11 @@ class EngineCore:
         elif kind is RequestType.ABORT:
             self.model.abort(value)
         elif kind is RequestType.UTILITY:
-            self._run_utility(*value)
+            self._run_utility(sender, *value)
         return None
 
-    def _run_utility(self, client_index: int, call_id: int, method: str,
-                     args: list[Any]) -> None:
+    def _run_utility(self, sender: _OutputSender, client_index: int, call_id: int,
+                     method: str, args: list[Any]) -> None:
         if not 0 <= client_index < len(self._pushes):
             self.dropped_frames += 1
             return
@@ -305,39 +345,24 @@ class EngineCore:
             result = UtilityOutput(call_id, None, self.model.utility(method, args))
         except Exception as exc:
             result = UtilityOutput(call_id, f"{type(exc).__name__}: {exc}", None)
-        self._outputs.put((client_index, EngineOutputs(self.engine_index, [], result)))
+        sender.send(client_index, EngineOutputs(self.engine_index, [], result))
 
-    def _queue_outputs(self, produced: list[tuple[int, EngineOutput]]) -> None:
+    def _send_outputs(self, produced: list[tuple[int, EngineOutput]],
+                      sender: _OutputSender) -> None:
+        """One message per client per step (every client at once, in the common case)."""
+        if not produced:
+            return
+        first = produced[0][0]
+        if all(client_index == first for client_index, _ in produced):
+            sender.send(first, EngineOutputs(self.engine_index, [o for _, o in produced]))
+            return
         per_client: dict[int, list[EngineOutput]] = {}
         for client_index, output in produced:
             per_client.setdefault(client_index, []).append(output)
         for client_index, outputs in per_client.items():
-            self._outputs.put((client_index, EngineOutputs(self.engine_index, outputs)))
+            sender.send(client_index, EngineOutputs(self.engine_index, outputs))
 
-    def _output_loop(self) -> None:
-        sender = self._sender_type(self._pushes)
-        try:
-            while True:
-                try:
-                    item = self._outputs.get(timeout=0.005 if sender.backlogged else None)
-                except queue.Empty:
-                    item = ()  # type: ignore[assignment]
-                if item is None:
-                    sender.flush(SHUTDOWN_BOUND_S / 4)
-                    return
-                if item:
-                    sender.send(*item)
-                sender.retry()
-        except zmq.ContextTerminated:
-            return
-        except BaseException as exc:
-            self._inputs.put(("the output thread", exc))
-
-    def _send_dead(self, threads: list[threading.Thread]) -> None:
-        self._outputs.put(None)
-        for thread in threads:
-            if thread.name.endswith("output"):
-                thread.join(SHUTDOWN_BOUND_S / 4)
+    def _send_dead(self) -> None:
         for push in self._pushes:
             with contextlib.suppress(zmq.ZMQError):
                 push.send(ENGINE_CORE_DEAD, zmq.NOBLOCK)
@@ -357,7 +382,10 @@ class EngineCore:
 
 
 class _OutputSender:
-    """The output thread's state: encoder, buffer pool, per-client backlogs."""
+    """The main loop's sending state: encoder, buffer pool, per-client backlogs.
+
+    Used by one thread only (the main loop), as are the PUSH sockets it sends on.
+    """
 
     def __init__(self, pushes: list[zmq.Socket[bytes]]) -> None:
         self._pushes = pushes
@@ -398,7 +426,15 @@ class _OutputSender:
         return True
 
     def _send_frames(self, sock: zmq.Socket[bytes], frames: list[Any]) -> zmq.MessageTracker:
-        """Send one message; return the tracker of frame 0 (the payload frame)."""
+        """Send one message; return the tracker of frame 0 (the payload frame).
+
+        Below ``sock.copy_threshold`` (64 KiB) pyzmq copies the blob into
+        the zmq message and returns a finished tracker: the buffer is free
+        at once, and no tracker or garbage-collector hand-off is paid.
+        Above it the blob goes zero-copy and the tracker guards its buffer.
+        Only the first frame is ``NOBLOCK``: once it is queued, libzmq
+        takes the rest of a multipart message whole.
+        """
         last = len(frames) - 1
         tracker = sock.send(frames[0], (zmq.SNDMORE if last else 0) | zmq.NOBLOCK,
                             copy=False, track=True)
@@ -419,10 +455,19 @@ class _OutputSender:
                 backlog.popleft()
 
     def flush(self, timeout_s: float) -> None:
+        """Send what the backlogs hold, waiting (on POLLOUT) at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while self.backlogged and time.monotonic() < deadline:
+        self.retry()
+        while self.backlogged:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            poller = zmq.Poller()
+            for client_index, backlog in self._backlog.items():
+                if backlog:
+                    poller.register(self._pushes[client_index], zmq.POLLOUT)
+            poller.poll(int(left * 1000) + 1)
             self.retry()
-            time.sleep(0.005)
 
 
 EngineCore._sender_type = _OutputSender

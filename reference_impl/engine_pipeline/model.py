@@ -54,6 +54,8 @@ VOCAB: Final = 151_936
 REJECT_TOKEN: Final = -1
 ENGINE_ABORT_TOKEN: Final = -2
 UTILITIES: Final = ("echo", "fail", "sleep", "pid", "step_count", "running")
+_LENGTH: Final = int(FinishReason.LENGTH)
+_ABORT: Final = int(FinishReason.ABORT)
 
 
 class ModelFailure(RuntimeError):
@@ -71,7 +73,7 @@ def detail_of(request_id: str, position: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
     request: AddRequest
     produced: int = 0
@@ -145,24 +147,26 @@ class FakeModel:
         if self.steps == self.exit_at_step:
             os._exit(0)
         out, self._endings = self._endings, []
-        for rid, running in list(self._running.items()):
+        ended: list[str] = []  # removed after the loop: no copy of the running table per step
+        for rid, running in self._running.items():
             req = running.request
-            if running.abort_after is not None and running.produced >= running.abort_after:
-                del self._running[rid]
-                out.append((req.client_index, EngineOutput(rid, [], int(FinishReason.ABORT))))
-                continue
             position = running.produced
-            running.produced += 1
-            last = running.produced >= req.max_tokens
+            if running.abort_after is not None and position >= running.abort_after:
+                ended.append(rid)
+                out.append((req.client_index, EngineOutput(rid, [], _ABORT)))
+                continue
+            running.produced = position + 1
+            last = position + 1 >= req.max_tokens
             detail: Any = None
             if self.detail_bytes:
                 detail = prepare(detail_of(rid, position, self.detail_bytes))
-            payload = prepare(req.payload) if position == 0 else None
+            payload = prepare(req.payload) if position == 0 and req.payload is not None else None
             out.append((req.client_index, EngineOutput(
-                rid, [token_of(rid, position)],
-                int(FinishReason.LENGTH) if last else None, payload, detail)))
+                rid, [token_of(rid, position)], _LENGTH if last else None, payload, detail)))
             if last:
-                del self._running[rid]
+                ended.append(rid)
+        for rid in ended:
+            del self._running[rid]
         return out
 
     def utility(self, name: str, args: list[Any]) -> Any:

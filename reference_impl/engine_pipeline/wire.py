@@ -312,6 +312,8 @@ class _AuxFrames:
         return _buffer(self.frames[index])
 
     def check_all_used(self) -> None:
+        if len(self.used) == len(self.frames) - 1:  # ``used`` holds indices 1.. only
+            return
         unused = sorted(set(range(1, len(self.frames))) - self.used)
         if unused:
             raise UnusedAuxFrame(f"aux frame(s) {unused} referenced by nothing")
@@ -407,16 +409,18 @@ class Decoders:
         self.any = _Decoding(Any)
 
 
+_REQUEST_TYPES: Final = {kind.value: kind for kind in RequestType}
+
+
 def decode_request(frames: Sequence[Any], decoders: Decoders) -> tuple[RequestType, Any]:
     """``[type byte, blob, aux...]`` (identity frame already removed) to a typed request."""
     if len(frames) < 2:
         raise MalformedPayload(f"a request has a type frame and a blob, got {len(frames)} "
                                "frame(s)")
     head = bytes(_buffer(frames[0]))
-    try:
-        kind = RequestType(head)
-    except ValueError:
-        raise UnknownRequestType(f"unknown request type byte {head!r:.20}") from None
+    kind = _REQUEST_TYPES.get(head)
+    if kind is None:
+        raise UnknownRequestType(f"unknown request type byte {head!r:.20}")
     body = frames[1:]
     if kind is RequestType.ADD:
         return kind, decoders.add.decode(body, "ADD")

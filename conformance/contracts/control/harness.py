@@ -39,13 +39,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Self, TypeVar
 
-import pytest
 import zmq
 
 from conformance.contracts.control.spec import ControlSpec
 from conformance.contracts.control.wire import PROFILES, Reply, WireProfile
 from conformance.drivers.behaviours import StandardHandler
-from conformance.errors import CallBlocked
+from conformance.errors import CallBlocked, RunError
 from conformance.supervision import watchdog
 from conformance.testing.credentials import SuiteCredentials
 from conformance.testing.net import HOST, free_port, is_address_in_use
@@ -420,7 +419,7 @@ class Client:
 def run_error(message: str) -> NoReturn:
     """End the test as an error of the run, not a verdict on the implementation: the suite's
     own peer failed (``message`` says how), so the test is skipped with that reason."""
-    pytest.skip(f"Run error, not a verdict on the implementation: {message}.")
+    raise RunError(message)
 
 
 class WireClient:

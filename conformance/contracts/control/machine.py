@@ -34,14 +34,12 @@ from typing import Any, Literal, TypeVar, cast
 
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from conformance.config import profiles
@@ -60,6 +58,7 @@ from conformance.contracts.control.harness import (
     nonce,
 )
 from conformance.contracts.control.spec import ControlSpec
+from conformance.testing import state_machines
 from conformance.testing.values import msgpack_values
 
 _FAIL_BY_S = (REQUEST_TIMEOUT_MS + SLACK_MS) / 1000
@@ -315,12 +314,11 @@ class ChaosControlMachine(ControlMachine):
 
 
 def run(build: Callable[[], ControlMachine], settings: Settings, side: Side = "both") -> None:
-    """Run machines ``build()`` makes as a Hypothesis test.
-
-    A timing-dependent failure that Hypothesis cannot replay (``FlakyFailure``,
-    ``FlakyStrategyDefinition``) is raised as the error it first was, so the
-    report names its clause and the real error, never the wrapper. With one
-    side under test (``side``), a failure naming a clause of the other side is
+    """Run machines ``build()`` makes as a Hypothesis test
+    (:func:`conformance.testing.state_machines.run`: a timing-dependent failure
+    Hypothesis cannot replay is raised as the error it first was, so the report
+    names its clause and the real error, never the wrapper). With one side
+    under test (``side``), a failure naming a clause of the other side is
     relabelled to the side under test (see the module docstring).
     """
     first: list[BaseException] = []
@@ -331,14 +329,7 @@ def run(build: Callable[[], ControlMachine], settings: Settings, side: Side = "b
         return machine
 
     try:
-        run_state_machine_as_test(cast(type[RuleBasedStateMachine], noted_build),
-                                  settings=settings)
-    except Flaky as exc:
-        underlying = _first_assertion(exc) or (first[0] if first else None)
-        if underlying is None:
-            raise
-        raise _relabelled(underlying, side, "[Hypothesis could not replay it: the defect "
-                                            "depends on timing]") from exc
+        state_machines.run(noted_build, settings, seen=first)
     except AssertionError as exc:
         if side == "both":
             raise
@@ -364,16 +355,6 @@ def _relabelled(exc: BaseException, side: Side, suffix: str = "") -> AssertionEr
     for note in getattr(exc, "__notes__", ()):
         result.add_note(note)
     return result
-
-
-def _first_assertion(exc: BaseException) -> AssertionError | None:
-    if isinstance(exc, AssertionError):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _first_assertion(inner)
-        if found is not None:
-            return found
-    return None
 
 
 def machine_settings() -> Settings:

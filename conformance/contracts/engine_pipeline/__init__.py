@@ -1,4 +1,4 @@
-"""The ``engine-pipeline`` contract: API server <-> EngineCore over ZeroMQ (PIPE-1..12).
+"""The ``engine-pipeline`` contract: API server <-> EngineCore over ZeroMQ (PIPE-1..14).
 
 Clause texts are in :mod:`.clauses`; the implementation under test and its
 capabilities in :mod:`.spec`; engine processes, guarded clients and stream

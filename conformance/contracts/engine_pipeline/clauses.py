@@ -1,4 +1,9 @@
-"""The engine-pipeline clauses PIPE-1..12, by stable ID (texts follow ``DESIGN.md``)."""
+"""The engine-pipeline clauses PIPE-1..14, by stable ID (texts follow ``DESIGN.md``).
+
+PIPE-13 and PIPE-14 are the family's security clauses ("Security across
+families"), numbered after its behavioural ones as the other families did
+(p2p SEC-2/SEC-3, EVT-10/11, EVS-10/11, CTL-8/9).
+"""
 
 from __future__ import annotations
 
@@ -91,6 +96,26 @@ CLAUSES: Final[dict[str, Clause]] = {
             "utility calls matched, failures propagated, timeouts honoured",
             "Utility calls: matched by call id, failures propagated, late replies dropped "
             "without killing the receiver, rejected during shutdown, timeouts honoured.",
+        ),
+        Clause(
+            "PIPE-13",
+            "strangers get no request and no output in; engines refuse impostor clients",
+            "Where the implementation declares authentication (CURVE; the client binds, so it "
+            "is the CURVE server on all three sockets, the handshake one included): an engine "
+            "without an allowed key (plain, or CURVE with a key of its own) gets no WELCOME, no "
+            "request, and none of its outputs or ENGINE_CORE_DEAD sentinels reach the client; "
+            "an engine given the client's server key sends no HELLO to a client without the "
+            "matching secret (plain, or CURVE with another key); keyed peers are unaffected; "
+            "no secret key appears in logs or reprs.",
+        ),
+        Clause(
+            "PIPE-14",
+            "hostile bytes on the client's ports are harmless",
+            "Raw TCP peers on the client's handshake, request and output ports sending random "
+            "or truncated ZMTP greetings, NULL and CURVE handshakes with garbage commands (a "
+            "CURVE HELLO with random boxes), frames announced past the receive limit, and "
+            "floods from many identities neither stop the client nor starve its engines, "
+            "inject nothing, and cost bounded memory (the peak RSS growth is reported).",
         ),
     )
 }

@@ -14,7 +14,12 @@ startup, between HELLO and READY).
 ``CONFIG`` is a JSON object: ``factory`` (``MODULE:ATTR`` of the engine
 factory), ``addresses``, ``engine_index``, ``model`` (options of
 :class:`~reference_impl.engine_pipeline.model.FakeModel`) and ``options``
-(keyword arguments for the factory). The host builds the model and the
+(keyword arguments for the factory). Options whose values are ``bytes``
+(CURVE keys) come from the environment variable ``SECRET_OPTIONS_ENV``
+instead (ASCII text, turned back into bytes; the variable is removed), so
+no key is on a command line. An option ``log_level`` (``"DEBUG"``...) is the
+host's own: it sends every log record to stderr at that level (the suite
+reads it for leaked keys). The host builds the model and the
 engine, then calls ``serve()``. Exit status: 0 when ``serve()`` returns,
 :data:`FAILED` when building or serving raised (the traceback goes to
 stderr). SIGTERM asks the engine to shut down (its ``shutdown()`` if it has
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -39,6 +45,22 @@ from conformance.supervision.lifeline import bind_to_parent
 from reference_impl.engine_pipeline.model import FakeModel
 
 FAILED = 3
+#: Same name as ``harness.SECRET_OPTIONS_ENV`` (not imported: the host stays light).
+SECRET_OPTIONS_ENV = "ZMQ_CONFORMANCE_ENGINE_SECRET_OPTIONS"
+
+
+def _options(config: dict[str, Any]) -> dict[str, Any]:
+    """The factory's keyword arguments: the config's, the secret ones, ``log_level`` applied."""
+    options = dict(config.get("options", {}))
+    level = options.pop("log_level", None)
+    if level is not None:
+        logging.basicConfig(level=str(level), stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
+    secret = json.loads(os.environ.pop(SECRET_OPTIONS_ENV, "{}"))
+    for name, value in secret.items():
+        options[name] = ([v.encode("ascii") for v in value] if isinstance(value, list)
+                         else value.encode("ascii"))
+    return options
 
 
 def _resolve(path: str) -> Any:
@@ -60,7 +82,7 @@ def main(argv: list[str]) -> int:
         factory = _resolve(config["factory"])
         model = FakeModel.from_options(config.get("model"))
         engine = factory(config["addresses"], engine_index=config["engine_index"], model=model,
-                         **config.get("options", {}))
+                         **_options(config))
     except BaseException:
         traceback.print_exc()
         return FAILED
@@ -87,7 +109,7 @@ def main(argv: list[str]) -> int:
 def _client(config: dict[str, Any]) -> int:
     """A client in a process of its own: built, ready, then idle until killed."""
     try:
-        client = _resolve(config["factory"])(config["addresses"], **config.get("options", {}))
+        client = _resolve(config["factory"])(config["addresses"], **_options(config))
         client.wait_ready()
     except BaseException:
         traceback.print_exc()

@@ -102,9 +102,10 @@ class EngineProcess:
                  options: Mapping[str, Any] | None = None, stderr_dir: Path,
                  side: str = "engine") -> None:
         path = factory if isinstance(factory, str) else factory_path(factory)
+        plain, secret = _split_secrets(options or {})
         config: dict[str, Any] = {"factory": path, "addresses": addresses,
                                   "engine_index": engine_index, "model": dict(model or {}),
-                                  "options": dict(options or {}), "side": side}
+                                  "options": plain, "side": side}
         if side == "engine":
             config["options"].setdefault("handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS)
         self.name = f"{side}{engine_index}"
@@ -115,7 +116,7 @@ class EngineProcess:
             [sys.executable, "-m", "conformance.contracts.engine_pipeline.engine_host",
              json.dumps(config)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
-            preexec_fn=preexec(signal.SIGKILL), env=_child_env())
+            preexec_fn=preexec(signal.SIGKILL), env=_child_env(secret))
         self.faults: list[ProcessFault] = []
 
     @property
@@ -212,11 +213,33 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(secret_options: Mapping[str, Any] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    if secret_options:
+        env[SECRET_OPTIONS_ENV] = json.dumps(secret_options)
     return env
+
+
+#: Where an engine process finds its ``bytes`` options (CURVE keys): the environment,
+#: readable by its owner only, never the command line every local user can list.
+SECRET_OPTIONS_ENV: Final = "ZMQ_CONFORMANCE_ENGINE_SECRET_OPTIONS"
+
+
+def _split_secrets(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` as (JSON-ready, bytes-valued): keys are Z85 text, so ASCII survives."""
+    plain: dict[str, Any] = {}
+    secret: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, bytes):
+            secret[name] = value.decode("ascii")
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, bytes)
+                                                               for v in value):
+            secret[name] = [v.decode("ascii") for v in value]
+        else:
+            plain[name] = value
+    return plain, secret
 
 
 @dataclass

@@ -27,18 +27,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from conformance.config import profiles
@@ -52,6 +50,7 @@ from conformance.contracts.engine_pipeline.harness import (
     request_id,
 )
 from conformance.contracts.engine_pipeline.spec import PipelineSpec
+from conformance.testing import state_machines
 from reference_impl.engine_pipeline.wire import FinishReason
 
 #: A pause this short is inside every heartbeat window the suite accepts.
@@ -253,25 +252,9 @@ class PipelineMachine(RuleBasedStateMachine):
 
 def run(build: Callable[[], PipelineMachine], settings: Settings) -> None:
     """Run machines ``build()`` makes; an unreplayable timing failure is raised as the
-    ``AssertionError`` it first was, so the report still names its clause."""
-    try:
-        run_state_machine_as_test(cast(type[RuleBasedStateMachine], build), settings=settings)
-    except Flaky as exc:
-        first = _first_assertion(exc)
-        if first is None:
-            raise
-        raise AssertionError(f"{first} [Hypothesis could not replay it: the defect depends on "
-                             "timing]") from exc
-
-
-def _first_assertion(exc: BaseException) -> AssertionError | None:
-    if isinstance(exc, AssertionError):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _first_assertion(inner)
-        if found is not None:
-            return found
-    return None
+    ``AssertionError`` it first was, so the report still names its clause
+    (:func:`conformance.testing.state_machines.run`)."""
+    state_machines.run(build, settings)
 
 
 def machine_settings(policies: int = 1) -> Settings:

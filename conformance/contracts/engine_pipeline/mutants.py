@@ -12,6 +12,8 @@ against each and reports the clauses that failed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import pickle
 import socket
 from collections.abc import Mapping
@@ -30,7 +32,7 @@ from reference_impl.engine_pipeline import (
     wire,
 )
 from reference_impl.engine_pipeline.engine import EngineCore, _OutputSender
-from reference_impl.engine_pipeline.errors import EngineDead
+from reference_impl.engine_pipeline.errors import EngineDead, HandshakeTimeout
 from reference_impl.engine_pipeline.model import FakeModel
 from reference_impl.engine_pipeline.wire import EngineOutput, FinishReason
 
@@ -316,6 +318,113 @@ class AbortsToClientZeroEngine(EngineCore):
         super().__init__(addresses, engine_index=engine_index, model=model, **options)
 
 
+# -- authentication and hostile input (PIPE-13, PIPE-14) ---------------------------
+
+_log = logging.getLogger("reference_impl.engine_pipeline")
+
+
+class HandshakeOnlyCurveClient(HeartbeatClient):
+    """A CURVE server on its handshake ROUTER only; the request and output sockets plain."""
+
+    def _secure(self, sock: zmq.Socket[bytes], kind: int) -> None:
+        secured = getattr(self, "_secured_sockets", 0)
+        self._secured_sockets = secured + 1
+        curve = self._curve
+        if secured:
+            self._curve = None  # MUTATION: only the first socket bound gets CURVE
+        try:
+            super()._secure(sock, kind)
+        finally:
+            self._curve = curve
+
+
+class HandshakeOnlyCurveEngine(EngineCore):
+    """CURVE on its handshake DEALER only (the pair to :class:`HandshakeOnlyCurveClient`)."""
+
+    def _connect_client(self, position: int, welcome: dict[str, Any]) -> None:
+        curve, self._curve = self._curve, None  # MUTATION: data sockets plain
+        try:
+            super()._connect_client(position, welcome)
+        finally:
+            self._curve = curve
+
+
+class CurveAfterBindClient(HeartbeatClient):
+    """Sets its CURVE server options after bind(): libzmq's listeners stay plain."""
+
+    def _secure(self, sock: zmq.Socket[bytes], kind: int) -> None:
+        curve, self._curve = self._curve, None
+        try:
+            super()._secure(sock, kind)
+        finally:
+            self._curve = curve
+
+    def _bind(self, kind: int, endpoint: str, **options: Any) -> zmq.Socket[bytes]:
+        sock = super()._bind(kind, endpoint, **options)
+        if self._curve is not None:
+            self._curve.apply(sock)  # MUTATION: after bind()
+        return sock
+
+
+class ZapAllowsEveryoneClient(HeartbeatClient):
+    """Its ZAP handler lets in every engine key."""
+
+    def _start_zap(self) -> None:
+        if self._curve is not None:
+            self._curve = dataclasses.replace(self._curve,
+                                              policy=lambda key, address: True)  # MUTATION
+        super()._start_zap()
+
+
+class KeysLoggedClient(HeartbeatClient):
+    """Logs its CURVE configuration, secret key included, at DEBUG."""
+
+    def __init__(self, addresses: Any = "tcp", **options: Any) -> None:
+        super().__init__(addresses, **options)
+        secret = options.get("curve_server_secret_key")
+        if secret is not None:
+            _log.debug("client CURVE server secret key %r", secret)  # MUTATION
+
+
+class KeysLoggedEngine(EngineCore):
+    """Logs its CURVE client secret key at DEBUG."""
+
+    def __init__(self, addresses: Any, *, engine_index: int, model: Any, **options: Any) -> None:
+        super().__init__(addresses, engine_index=engine_index, model=model, **options)
+        secret = options.get("curve_client_secret_key")
+        if secret is not None:
+            _log.debug("engine %d CURVE secret key %r", engine_index, secret)  # MUTATION
+
+
+class PlainHandshakeRetryEngine(EngineCore):
+    """Retries a handshake that got no WELCOME within 300 ms on a new socket, plain: it
+    does not insist on the server key it was given, so auth is gone after a retry."""
+
+    def _handshake(self) -> None:
+        timeout_ms = self.handshake_timeout_ms
+        self.handshake_timeout_ms = 300
+        try:
+            super()._handshake()
+            return
+        except HandshakeTimeout:
+            pass
+        finally:
+            self.handshake_timeout_ms = timeout_ms
+        for sock in self._handshakes:
+            sock.close(linger=0)
+        self._handshakes.clear()
+        self._curve = None  # MUTATION: the retry's sockets are plain
+        super()._handshake()
+
+
+class NoReceiveLimitClient(HeartbeatClient):
+    """Binds without ZMQ_MAXMSGSIZE: a stranger's announced 1 GiB frame is buffered."""
+
+    def _secure(self, sock: zmq.Socket[bytes], kind: int) -> None:
+        super()._secure(sock, kind)
+        sock.setsockopt(zmq.MAXMSGSIZE, -1)  # MUTATION: no receive limit
+
+
 # -- implementations and the catalog ---------------------------------------------
 
 _CAPS: dict[str, Any] = dict(REFERENCE_CAPABILITIES)
@@ -343,6 +452,12 @@ FIFO_UTILITY = _impl(client=FifoUtilityClient)
 ADOPTS_OLD_INCARNATION = _impl(client=AdoptsOldIncarnationClient, restart="adopt")
 STARTUP_DEATH_IGNORED = _impl(client=StartupDeathIgnoredClient)
 PROBE_THEN_BIND = _impl(client=ProbeThenBindClient)
+CURVE_HANDSHAKE_ONLY = _impl(engine=HandshakeOnlyCurveEngine, client=HandshakeOnlyCurveClient)
+CURVE_AFTER_BIND = _impl(client=CurveAfterBindClient)
+ZAP_ALLOWS_EVERYONE = _impl(client=ZapAllowsEveryoneClient)
+KEYS_LOGGED = _impl(engine=KeysLoggedEngine, client=KeysLoggedClient)
+PLAIN_HANDSHAKE_RETRY = _impl(engine=PlainHandshakeRetryEngine)
+NO_RECEIVE_LIMIT = _impl(client=NoReceiveLimitClient)
 
 
 def _m(name: str, attr: str, description: str, *clauses: str) -> Mutant:
@@ -360,7 +475,7 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "the engine reuses an output buffer once the last frame's tracker is done, not the "
        "payload frame's (vLLM #24655)", "PIPE-3"),
     _m("pipe_blocking_output_send", "BLOCKING_SEND",
-       "the engine's output thread blocks on a stalled client's high-water mark (#53859)",
+       "the engine's output send blocks on a stalled client's high-water mark (#53859)",
        "PIPE-4"),
     _m("pipe_sentinel_without_process_watch", "NO_PROCESS_WATCH",
        "the client waits for ENGINE_CORE_DEAD only: a SIGKILLed engine is never noticed "
@@ -396,4 +511,20 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("pipe_probe_then_bind_ports", "PROBE_THEN_BIND",
        "the client probes a free tcp port (bind to 0, close) and binds it afterwards "
        "(vLLM #24756)", "PIPE-10"),
+    _m("pipe_curve_on_handshake_only", "CURVE_HANDSHAKE_ONLY",
+       "CURVE on the handshake sockets only: the client's request ROUTER and output PULL "
+       "(and the engine's DEALER and PUSH) are plain", "PIPE-13"),
+    _m("pipe_curve_set_after_bind", "CURVE_AFTER_BIND",
+       "the client sets its CURVE server options after bind(), which libzmq ignores",
+       "PIPE-13"),
+    _m("pipe_zap_allows_everyone", "ZAP_ALLOWS_EVERYONE",
+       "the client's ZAP handler lets in every engine key", "PIPE-13"),
+    _m("pipe_curve_keys_logged", "KEYS_LOGGED",
+       "client and engine log their CURVE secret keys at DEBUG", "PIPE-13"),
+    _m("pipe_plain_handshake_retry", "PLAIN_HANDSHAKE_RETRY",
+       "an engine whose HELLO got no WELCOME retries on a new plain socket: it does not "
+       "insist on the server key, so an impostor client gets it after one retry", "PIPE-13"),
+    _m("pipe_no_receive_limit", "NO_RECEIVE_LIMIT",
+       "the client binds without ZMQ_MAXMSGSIZE, so a stranger's announced 1 GiB frame is "
+       "buffered", "PIPE-14"),
 )

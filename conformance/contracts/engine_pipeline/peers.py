@@ -8,6 +8,10 @@ test, and sends request frames (hostile ones included) and reads outputs;
 it can stop reading (tiny receive buffers), as a stalled API server does.
 Both use :mod:`reference_impl.engine_pipeline.wire` for valid frames, so a
 hostile frame is exactly one deliberate deviation from the profile.
+``secure`` (a function applied to every socket before it connects or binds,
+as :func:`conformance.testing.credentials.as_client`/``as_server`` return)
+makes either a CURVE peer: an honest one, a stranger with a key of its own,
+or an impostor server.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import itertools
 import os
 import socket as _socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -32,14 +37,17 @@ from reference_impl.engine_pipeline.wire import (
 __all__ = ["RawClient", "RawEngine"]
 
 _ids = itertools.count(1)
+#: Applied to a socket before connect/bind (CURVE options).
+Secure = Callable[[zmq.Socket[bytes]], None]
 
 
 class RawEngine:
     """The suite as engine ``engine_index`` of one client (see the module docstring)."""
 
     def __init__(self, handshake_address: str, *, engine_index: int = 0,
-                 pid: int | None = None) -> None:
+                 pid: int | None = None, secure: Secure | None = None) -> None:
         self.engine_index = engine_index
+        self._secure = secure
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._hs = self._socket(zmq.DEALER)
         self._hs.connect(handshake_address)
@@ -52,6 +60,8 @@ class RawEngine:
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._secure is not None:
+            self._secure(sock)
         return sock
 
     def hello(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
@@ -79,6 +89,17 @@ class RawEngine:
             self._hs.send(wire.encode_handshake({"status": "READY",
                                                  "engine_index": self.engine_index}))
         return welcome
+
+    def intrude(self, input_address: str, output_address: str) -> None:
+        """Connect the request DEALER (this engine's identity) and the output PUSH without
+        a WELCOME, and register on the client's ROUTER: a stranger trying the data
+        sockets directly."""
+        self.dealer = self._socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.IDENTITY, wire.engine_identity(self.engine_index))
+        self.dealer.connect(input_address)
+        self.push = self._socket(zmq.PUSH)
+        self.push.connect(output_address)
+        self.dealer.send(b"")
 
     def requests(self, timeout_s: float) -> list[list[bytes]]:
         """Request frame lists received within ``timeout_s`` (stops at the first pause)."""
@@ -113,14 +134,18 @@ class RawEngine:
 class RawClient:
     """The suite as client ``client_index`` of engines under test (module docstring)."""
 
-    def __init__(self, *, client_index: int = 0, stalled: bool = False) -> None:
+    def __init__(self, *, client_index: int = 0, stalled: bool = False,
+                 secure: Secure | None = None) -> None:
         self.client_index = client_index
+        self._secure = secure
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.handshake = self._bind(zmq.ROUTER)
         self.input = self._bind(zmq.ROUTER)
         if stalled:
             self.output = self._ctx.socket(zmq.PULL)
             self.output.setsockopt(zmq.LINGER, 0)
+            if secure is not None:
+                secure(self.output)
             self.output.setsockopt(zmq.RCVHWM, 1)
             self.output.setsockopt(zmq.RCVBUF, 4096)
             self.output.bind("tcp://127.0.0.1:*")
@@ -142,6 +167,8 @@ class RawClient:
     def _bind(self, kind: int) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._secure is not None:
+            self._secure(sock)
         if kind == zmq.PULL:
             sock.setsockopt(zmq.RCVHWM, 0)
         sock.bind("tcp://127.0.0.1:*")
@@ -177,6 +204,17 @@ class RawClient:
                         "pid": os.getpid(), "host": _socket.gethostname()})])
                 elif message["status"] == "READY":
                     ready.add(int(message["engine_index"]))
+
+    def handshake_frames(self, timeout_s: float) -> list[list[bytes]]:
+        """Frames received on the handshake ROUTER within ``timeout_s`` (not answered):
+        what an impostor at a client's address learns from an engine."""
+        got: list[list[bytes]] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.handshake.poll(int(left * 1000) + 1):
+                return got
+            got.append(self.handshake.recv_multipart())
 
     def send_raw(self, frames: list[Any], engine_index: int = 0) -> None:
         self.input.send_multipart([wire.engine_identity(engine_index), *frames])

@@ -45,6 +45,11 @@ class PipelineCapabilities:
             then the client factory takes the keyword option ``restart=POLICY``
             (its default is the first) and the restart clause runs once per policy.
         max_message_bytes: the largest request ``add()`` accepts (encoded).
+        authentication: CURVE, off by default and on when the suite passes keys: the
+            client factory takes ``curve_server_secret_key`` and
+            ``curve_allowed_client_keys`` (it binds: the CURVE server), the engine
+            factory ``curve_client_secret_key`` and ``curve_server_key`` (PIPE-13);
+            without it PIPE-13 is skipped and PIPE-14 runs its plain variant only.
     """
 
     wire: str = "vllm-v1"
@@ -54,6 +59,7 @@ class PipelineCapabilities:
     malformed_input: str = "tolerate"
     restart: str = "none"
     max_message_bytes: int = 64 << 20
+    authentication: bool = False
 
     @property
     def restart_policies(self) -> tuple[str, ...]:

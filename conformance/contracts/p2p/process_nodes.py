@@ -62,7 +62,7 @@ from conformance.config.loading import load_factory
 from conformance.contracts import NODE_MODES
 from conformance.contracts.p2p import _node_worker
 from conformance.contracts.p2p.spec import TransportSpec
-from conformance.errors import CallBlocked, ConfigError
+from conformance.errors import CallBlocked, ConfigError, RunError
 from conformance.supervision import cleanup, watchdog
 
 __all__ = [
@@ -82,7 +82,12 @@ __all__ = [
 #: Extra wait on top of the watchdog limit before a call is given up locally:
 #: the node's own watchdog reports a blocked call first, with its name.
 _MARGIN_S = 2.0
-#: How long starting a node process may take (interpreter, imports).
+#: How long starting a node process may take by default (interpreter, imports, the
+#: factory's module): the suite's own work, bounded apart from the call watchdog.
+DEFAULT_STARTUP_S = 60.0
+#: Environment variable overriding :data:`DEFAULT_STARTUP_S` (seconds).
+ENV_STARTUP = "ZMQ_CONFORMANCE_NODE_STARTUP_S"
+#: How long a helper gateway (signalling a remote node) may take to start.
 _START_TIMEOUT_S = 30.0
 #: Idle processes kept for reuse, per gateway spec.
 _POOL_MAX = 8
@@ -90,6 +95,40 @@ _POOL_MAX = 8
 
 class RemoteError(Exception):
     """An exception raised in a node process whose class cannot be rebuilt here."""
+
+
+def startup_limit() -> float:
+    """Seconds a node process may take to start and import the factory's module:
+    ``$ZMQ_CONFORMANCE_NODE_STARTUP_S``, else :data:`DEFAULT_STARTUP_S`.
+
+    Start-up is the suite's work, not a call into the implementation, so it is
+    not held to the call watchdog (5 s): under heavy load (a load average
+    above 20 on 2 cores) an interpreter and its imports alone can take longer.
+    A node that does not start within this bound is a run error naming it
+    (:class:`NodeNeverStarted`). The factory call itself still runs under the
+    watchdog, in the node process: a factory that hangs is the implementation's.
+    """
+    text = os.environ.get(ENV_STARTUP, "").strip()
+    if not text:
+        return DEFAULT_STARTUP_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"{ENV_STARTUP}={text!r}: expected a positive number of seconds")
+    return value
+
+
+class NodeNeverStarted(RunError):
+    """A node process did not start (or import its factory) within the start-up bound:
+    the suite's infrastructure, never a clause verdict."""
+
+    def __init__(self, what: str, limit: float) -> None:
+        super().__init__(
+            f"{what} did not start within the process nodes' start-up bound of {limit:.0f} s "
+            f"({ENV_STARTUP}; the machine is overloaded, or the interpreter cannot start)"
+        )
 
 
 class NodeProcessDied(CallBlocked):
@@ -132,10 +171,12 @@ class _Worker:
         self.gateway_spec = gateway_spec
         self.gateway = _execnet().makegateway(gateway_spec)
         self.local = self.gateway.spec.popen and not self.gateway.spec.via
+        limit = startup_limit()
         try:
             self.channel = self.gateway.remote_exec(_node_worker)
             self.channel.send(os.getpid() if self.local else 0)
-            self.pid: int = self.channel.receive(_START_TIMEOUT_S)
+            self.pid: int = _receive_alive(self.channel, limit,
+                                           f"the node process ({gateway_spec})")
         except BaseException:
             self.gateway.exit()
             raise
@@ -146,8 +187,14 @@ class _Worker:
 
     # -- calls --------------------------------------------------------------
 
-    def request(self, op: str, args: list[Any], *, timeout: float) -> Any:
-        """Send one request and wait for its reply; stale replies are skipped."""
+    def request(self, op: str, args: list[Any], *, timeout: float,
+                startup: bool = False) -> Any:
+        """Send one request and wait for its reply; stale replies are skipped.
+
+        ``startup``: the request is the node's start-up (its ``build``): waiting
+        counts as the suite's progress, and no reply within ``timeout`` is
+        :class:`NodeNeverStarted`, not a blocked call.
+        """
         if self.signalled == "SIGKILL":
             raise NodeProcessDied(f"{self.label} was killed (SIGKILL) by the test; "
                                   f"{op}() cannot reach it")
@@ -169,10 +216,15 @@ class _Worker:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._no_answer(op, timeout)
+                raise self._no_answer(op, timeout, startup=startup)
+            if startup:
+                watchdog.progress()
+                remaining = min(remaining, 1.0)
             try:
                 reply = pickle.loads(self.channel.receive(remaining))
             except self.channel.TimeoutError:
+                if startup:
+                    continue
                 raise self._no_answer(op, timeout) from None
             except (EOFError, OSError, self.channel.RemoteError):
                 raise self._died(op) from None
@@ -182,8 +234,11 @@ class _Worker:
                 return reply[2]
             raise _rebuild(reply[2], self.label)
 
-    def _no_answer(self, op: str, timeout: float) -> CallBlocked:
+    def _no_answer(self, op: str, timeout: float, *, startup: bool = False) -> BaseException:
         self.broken = True
+        if startup and self.state() in ("running", "unknown"):
+            return NodeNeverStarted(f"{op}() of the node process ({self.label})",
+                                    startup_limit())
         state = self.state()
         if state == "stopped":
             return NodePaused(f"{op}() on a paused node ({self.label}, stopped by "
@@ -269,6 +324,21 @@ class _Worker:
                     popen.kill()
                 with contextlib.suppress(Exception):
                     popen.wait(timeout=2.0)
+
+
+def _receive_alive(channel: Any, limit: float, what: str) -> Any:
+    """``channel.receive()`` within ``limit`` seconds, as the suite's progress (1 s slices,
+    so the stall deadline does not count a slow start); :class:`NodeNeverStarted` after."""
+    deadline = time.monotonic() + limit
+    while True:
+        watchdog.progress()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise NodeNeverStarted(what, limit)
+        try:
+            return channel.receive(min(remaining, 1.0))
+        except channel.TimeoutError:
+            continue
 
 
 def _rebuild(info: dict[str, Any], where: str) -> BaseException:
@@ -540,6 +610,19 @@ class ProcessNodeFactory:
             self.zmq_conformance_capabilities = capabilities
 
     def __call__(self, local_id: str, host: str, port: int, **kwargs: Any) -> ProcessTransport:
+        """Start (or reuse) a node process and build the transport in it.
+
+        Starting the process and importing the factory's module is bounded by
+        :func:`startup_limit`, not by the call watchdog around this call (it is
+        suspended meanwhile); the factory call itself runs under the watchdog
+        in the node process, so a factory that hangs still comes back as a
+        blocked call naming it.
+        """
+        with watchdog.suspended():
+            return self._start(local_id, host, port, kwargs)
+
+    def _start(self, local_id: str, host: str, port: int,
+               kwargs: dict[str, Any]) -> ProcessTransport:
         worker = _POOL.acquire(self.gateway)
         args = {
             "factory": self.path,
@@ -552,7 +635,8 @@ class ProcessNodeFactory:
             "cwd": os.getcwd() if worker.local else "",
         }
         try:
-            worker.request("build", [args], timeout=_START_TIMEOUT_S)
+            worker.request("build", [args], startup=True,
+                           timeout=startup_limit() + watchdog.default_limit() + _MARGIN_S)
         except BaseException:
             _POOL.discard(worker)
             raise

@@ -24,7 +24,7 @@ cluster's proxies, so a fault never outlives the test that made it.
 
 from __future__ import annotations
 
-from chaos.proxy import Proxy, Toxiproxy, ToxiproxyError
+from chaos.proxy import FaultProxyStopped, Proxy, Toxiproxy, ToxiproxyError
 from conformance.contracts.p2p.faults import Faults
 from conformance.contracts.p2p.harness import Cluster, Node
 from conformance.contracts.p2p.spec import TransportSpec
@@ -113,26 +113,37 @@ class ChaosCluster(Cluster):
         """Heal every fault, close every node, delete the proxies.
 
         All three steps are attempted even if one fails; the first error is
-        raised afterwards (a blocked call first, as in :meth:`Cluster.close`).
+        raised afterwards: a stopped fault proxy first (a run error: what else
+        failed may be its consequence), then a blocked call (as in
+        :meth:`Cluster.close`). When the server itself is down its proxies are
+        not deleted one by one (each call would fail the same way); when only
+        a proxy's calls hang (toxiproxy's RemoveToxic deadlock) while the
+        server answers, the proxies are still deleted (that call works), so the
+        wedged proxy does not stall the later tests' resets.
         """
         errors: list[BaseException] = []
         try:
             self.faults.heal_all()
-        except Exception as exc:
+        except (Exception, FaultProxyStopped) as exc:
             errors.append(exc)
         try:
             super().close()
         except Exception as exc:
             errors.append(exc)
+        server_down = (any(isinstance(e, FaultProxyStopped) for e in errors)
+                       and self.toxiproxy.problem() is not None)
         for proxy in list(self._proxies.values()):
+            if server_down:
+                break
             try:
                 proxy.destroy()
-            except ToxiproxyError as exc:
+            except (ToxiproxyError, FaultProxyStopped) as exc:
                 errors.append(exc)
         self._proxies.clear()
         if errors:
+            stopped = [e for e in errors if isinstance(e, FaultProxyStopped)]
             blocked = [e for e in errors if isinstance(e, CallBlocked)]
-            raise (blocked or errors)[0]
+            raise (stopped or blocked or errors)[0]
 
     def __enter__(self) -> ChaosCluster:
         return self

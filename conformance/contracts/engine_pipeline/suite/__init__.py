@@ -1,1 +1,1 @@
-"""The engine-pipeline suite (PIPE-1..12)."""
+"""The engine-pipeline suite (PIPE-1..14)."""

@@ -38,10 +38,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, NoReturn
 
 import msgspec
-import pytest
 import zmq
 
 from conformance.contracts.kv_events.spec import PublisherSpec
+from conformance.errors import RunError
 from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
@@ -143,7 +143,7 @@ def run_error(message: str) -> NoReturn:
     The suite's own peers failed (``message`` says how); the clause is
     skipped with that reason, so the report never blames the publisher.
     """
-    pytest.skip(f"Run error, not a verdict on the implementation: {message}.")
+    raise RunError(message)
 
 
 def endpoint_bound(endpoint: str) -> bool:
@@ -363,6 +363,8 @@ class Rig:
         self.pub_payloads: dict[int, bytes] = {}
         self.offset: int | None = None
         self._by_ts: dict[float, int] = {}
+        #: Per subscriber: how many of its messages were looked at, the highest index.
+        self._highest: dict[int, tuple[Sub, int, int]] = {}
         self._encodable_cache: dict[int, tuple[KVEventBatch, bool]] = {}
         try:
             self._start()
@@ -485,6 +487,7 @@ class Rig:
         self.incarnation += 1
         self.model = []
         self._by_ts = {}
+        self._highest = {}
         self.pub_payloads = {}
         self.offset = None
         self._start()
@@ -554,12 +557,18 @@ class Rig:
         return None if ts is None else self._by_ts.get(ts)
 
     def arrived(self, sub: Sub, index: int) -> bool:
-        """Whether ``sub`` got a batch at or past model index ``index`` (by ``ts``)."""
-        for message in reversed(sub.got[-64:]):
+        """Whether ``sub`` got a batch at or past model index ``index`` (by ``ts``),
+        anywhere in its stream: a backlog sent out of order (EVT-2's defect, judged by
+        :meth:`check_order`) may bring the newest batch first."""
+        known, seen, highest = self._highest.get(id(sub), (sub, 0, -1))
+        if known is not sub or seen > len(sub.got):  # a new subscriber, or got cleared
+            seen, highest = 0, -1
+        for message in sub.got[seen:]:
             found = self.index_of(message[2])
-            if found is not None and found >= index:
-                return True
-        return False
+            if found is not None and found > highest:
+                highest = found
+        self._highest[id(sub)] = (sub, len(sub.got), highest)
+        return highest >= index
 
     def wait_for(self, sub: Sub, index: int, *, timeout: float = PATIENCE_S,
                  pump: Callable[[], object] | None = None) -> None:
@@ -651,16 +660,23 @@ class Rig:
         return seqs
 
     def check_order(self, sub: Sub, *, clause: str, contiguous: bool = True) -> list[int]:
-        """``clause``: the batches ``sub`` got, identified by ``ts``, came once each, in
-        publishing order (and with no batch missing between two, when
-        ``contiguous``). Seqs and content are EVT-1's. Return the model indices."""
+        """The batches ``sub`` got, identified by ``ts``, came once each, in publishing
+        order (EVT-2's, whichever test asks), and, when ``contiguous``, with no batch
+        missing between two (``clause``'s: a test of another clause asks whether its
+        provocation lost batches). Seqs and content are EVT-1's. Return the model indices.
+
+        Order and duplicates are judged on the whole stream first, so a backlog sent
+        newest first reads as EVT-2's reordering, not as batches ``clause`` lost.
+        """
         indices = [i for i in (self.index_of(m[2]) for m in sub.got) if i is not None]
         for before, after in itertools.pairwise(indices):
             if after == before:
-                raise AssertionError(f"{clause}: batch #{after} delivered twice")
+                raise AssertionError(f"EVT-2: batch #{after} delivered twice")
+        for before, after in itertools.pairwise(indices):
             if after < before:
                 raise AssertionError(
-                    f"{clause}: batch #{after} after batch #{before}: reordered")
+                    f"EVT-2: batch #{after} after batch #{before}: reordered")
+        for before, after in itertools.pairwise(indices):
             if contiguous and after != before + 1:
                 raise AssertionError(
                     f"{clause}: batch #{before} then #{after} to a reading subscriber: "
@@ -689,6 +705,7 @@ class Rig:
             f"{got[:8]}{'...' if len(got) > 8 else ''}, expected {want[:8]}"
             f"{'...' if len(want) > 8 else ''}"
         )
+        replayed: dict[int, int] = {}
         for seq, payload in answers:
             live = self.pub_payloads.get(seq)
             if live is not None:
@@ -697,11 +714,50 @@ class Rig:
                     f"PUB socket sent under seq {seq}"
                 )
                 continue
+            # No subscriber saw this seq: which batch the PUB socket sent under it is
+            # unknown (a stream numbered out of publishing order is EVT-1's or EVT-2's
+            # defect, judged on the stream), so the replay must carry some published
+            # batch, and each at most once.
             index = self.index_of(payload)
-            assert index == seq - first, (
-                f"{clause}: the replay of seq {seq} carries "
-                f"{'no published batch' if index is None else f'batch #{index}'}, expected "
-                f"batch #{seq - first}"
+            assert index is not None, (
+                f"{clause}: the replay of seq {seq} carries no published batch")
+            assert index not in replayed, (
+                f"{clause}: the replay carries batch #{index} under seq {replayed[index]} "
+                f"and again under seq {seq}"
+            )
+            replayed[index] = seq
+
+    def check_served(self, client: ReplayClient, start: int, clause: str) -> None:
+        """``clause``: the replay requested from ``start`` is *served*: at least one
+        answer, the answers consecutive seqs in order up to the newest published, each
+        byte-identical to what the PUB socket sent under that seq (where a subscriber
+        saw it).
+
+        Where the replay *starts* (the first answer is ``start``, or the oldest
+        retained) and whether the end marker follows are EVT-4's, and only
+        :meth:`check_replay` judges them: a clause about something else (hostile
+        requests, hostile bytes, authentication) uses this check, so a replay that
+        starts one seq late, or has no end marker, fails EVT-4 alone. ``start``
+        must leave at least two retained batches, so a late start still answers.
+        """
+        first = self.offset if self.offset is not None else 0
+        newest = first + len(self.model) - 1
+        # A malformed answer or end marker (e.g. -1 written unsigned) is EVT-4's too.
+        answers, _ended = client.read(clause="EVT-4", newest=newest)
+        got = [seq for seq, _ in answers]
+        assert got, (
+            f"{clause}: a replay from {start} got no answer: the requester was not served"
+        )
+        assert got == list(range(got[0], newest + 1)) and got[0] >= start, (
+            f"{clause}: a replay from {start} answered seqs {got[:8]}"
+            f"{'...' if len(got) > 8 else ''} (newest {newest}): not consecutive up to the "
+            f"newest"
+        )
+        for seq, payload in answers:
+            live = self.pub_payloads.get(seq)
+            assert live is None or payload == live, (
+                f"{clause}: the replay of seq {seq} is not byte-identical to what the PUB "
+                f"socket sent under seq {seq}"
             )
 
     def close(self) -> None:

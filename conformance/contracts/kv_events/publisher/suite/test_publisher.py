@@ -10,6 +10,7 @@ the clause.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from typing import Any
 
@@ -155,6 +156,62 @@ def test_reading_subscribers_get_every_batch_once_in_order(
             rig.check_order(sub, clause="EVT-2")
 
 
+@pytest.mark.clause("EVT-2")
+def test_a_backlog_reaches_readers_in_publishing_order(kv_publisher_spec: PublisherSpec) -> None:
+    """A backlog, made certain rather than hoped for: with a small queue (the factory's
+    ``max_queue``) and batches that take the publisher ~1 ms each, the suite publishes
+    until the publisher reports shedding (publish() raised, or ``stats()["dropped"]``
+    grew): at that moment its queue was full, so it sends a backlog of several queued
+    batches, which must reach a reading subscriber in publishing order.
+
+    The race-free provocation of a defect that only shows behind a backlog (batches
+    taken from the wrong end of the queue): a burst alone forms one only when the
+    publisher's thread happens to fall behind.
+    """
+    if not accepts(kv_publisher_spec.factory, "max_queue"):
+        pytest.skip("The factory takes no max_queue keyword, so the suite cannot make its "
+                    "queue small enough to know a backlog formed.")
+    heavy = _heavy_batch()
+    with _rig(kv_publisher_spec, "EVT-2", max_queue=8) as rig:
+        reader = rig.sub()
+        rig.join(reader)
+        before = int(rig.stats().get("dropped", 0))
+        stamp = itertools.count(2 * 10**9)
+        shed = False
+        for _ in range(2000):
+            accepted = rig.publish(msgspec.structs.replace(heavy, ts=float(next(stamp))),
+                                   track=False)
+            if not accepted or int(rig.stats().get("dropped", 0)) > before:
+                shed = True
+                break
+        if not shed:
+            pytest.skip("inconclusive: 2000 publish() calls of ~1 ms batches on a queue of 8 "
+                        "never shed, so no backlog is known to have formed (a publish() that "
+                        "waits for room is EVT-3's defect)")
+        for _ in range(8):  # more behind the full queue, as an engine keeps publishing
+            rig.publish(msgspec.structs.replace(heavy, ts=float(next(stamp))), track=False)
+        # Publish markers until one arrives: everything before it was sent or shed.
+        deadline = time.monotonic() + PATIENCE_S
+        markers: set[float] = set()
+        while not (reader.got and ts_of(reader.got[-1][2]) in markers):
+            assert time.monotonic() < deadline, "EVT-2: the publisher stopped publishing"
+            marker = make_batch()
+            if rig.publish(marker, track=False):
+                markers = {marker.ts}
+            reader.drain(50)
+        stamps = [t for t in (ts_of(m[2]) for m in reader.got)
+                  if t is not None and 2 * 10**9 <= t < 3 * 10**9]
+        assert len(stamps) >= 2, (
+            f"EVT-2: of the batches queued behind a full queue only {len(stamps)} reached a "
+            f"reading subscriber")
+        for first, second in itertools.pairwise(stamps):
+            assert second > first, (
+                f"EVT-2: behind a full queue, batch {second - 2 * 10**9:.0f} of the burst "
+                f"reached a reading subscriber after batch {first - 2 * 10**9:.0f}: a backlog "
+                f"published out of order"
+            )
+
+
 # -- EVT-3 -----------------------------------------------------------------------------
 
 
@@ -191,17 +248,25 @@ def test_publish_never_blocks_without_or_with_a_stalled_subscriber(
 def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: PublisherSpec) -> None:
     """With a small queue (the factory's ``max_queue``) and batches that take the
     publisher ~1 ms each, a burst of publish() calls must not run at the publisher's
-    pace: the caller may spend at most a quarter of the time encoding those batches
-    takes. What is shed is reported (publish() raised, or stats()["dropped"]), and what
-    is published stays in order."""
+    pace: a call on the full queue may typically (the median of the burst's calls)
+    take at most a quarter of the CPU time encoding one batch takes (the median of
+    five encodes), a lower bound of what the publisher spends per batch, since it
+    does that work too. Medians and CPU time, because on a loaded machine a few
+    calls, or one encode, are preempted for milliseconds: the sum of the calls
+    against one encode's wall time made the reference fail and a waiting publish()
+    pass. What is shed is reported (publish() raised, or
+    stats()["dropped"]), and what is published stays in order."""
     if not accepts(kv_publisher_spec.factory, "max_queue"):
         pytest.skip("The factory takes no max_queue keyword, so the suite cannot make its "
                     "queue small enough to fill.")
     heavy = _heavy_batch()
     encoding: Any = kv_publisher_spec.encoding
-    started = time.perf_counter()
-    encode_batch(heavy, encoding)
-    one = time.perf_counter() - started  # a lower bound of what a batch costs the publisher
+    encodes = []
+    for _ in range(5):  # CPU time: what a batch costs the publisher at least, load or not
+        started = time.thread_time()
+        encode_batch(heavy, encoding)
+        encodes.append(time.thread_time() - started)
+    one = statistics.median(encodes)
     burst = 300
     with _rig(kv_publisher_spec, "EVT-3", max_queue=8) as rig:
         reader = rig.sub()
@@ -209,15 +274,17 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         before = dict(rig.stats())
         copies = [msgspec.structs.replace(heavy, ts=float(10**9 + i)) for i in range(burst)]
         accepted = len(rig.model)
-        started = rig.publish_seconds  # the implementation's own time (a driver's too)
+        calls: list[float] = []  # the implementation's own time of each (a driver's too)
         for batch in copies:
+            started = rig.publish_seconds
             accepted += rig.publish(batch, track=False)
-        spent = rig.publish_seconds - started
-        budget = (burst - 8) * one / 4
-        assert spent <= budget, (
-            f"EVT-3: {burst} publish() calls on a full queue took {spent * 1000:.0f} ms, "
-            f"more than a quarter of the {(burst - 8) * one * 1000:.0f} ms the publisher "
-            f"needs to encode them: publish() waits for the publisher instead of shedding"
+            calls.append(rig.publish_seconds - started)
+        typical = statistics.median(calls[8:])  # the calls on a full queue
+        assert typical <= one / 4, (
+            f"EVT-3: a publish() call on a full queue typically took {typical * 1000:.2f} ms "
+            f"(the median of {burst - 8}), more than a quarter of the {one * 1000:.2f} ms of CPU "
+            f"the publisher needs to encode one batch: publish() waits for the publisher "
+            f"instead of shedding"
         )
         # Publish markers until one arrives: then everything before it was published
         # or shed, and the counters are final.
@@ -233,15 +300,21 @@ def test_a_full_queue_sheds_and_reports_never_waits(kv_publisher_spec: Publisher
         seqs = [int.from_bytes(m[1], "big") for m in reader.got]
         gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
         assert not gaps, f"EVT-3: seq {gaps[0][0]} then {gaps[0][1]}: shedding left a gap"
+        # Counted from the publisher's own first seq (where seqs start is EVT-1's).
+        rig.observe(reader)
+        published = seqs[-1] - (rig.offset or 0) + 1
+        dropped = int(rig.stats().get("dropped", 0)) - int(before.get("dropped", 0))
+        assert published + dropped == accepted, (
+            f"EVT-3: {accepted} batches accepted by publish(), {published} published, "
+            f"{dropped} reported shed: "
+            f"{accepted - published - dropped} vanished without a report"
+        )
         stamps = [ts_of(m[2]) for m in reader.got]
         burst_stamps = [t for t in stamps if t is not None and t >= 10**9]
-        assert burst_stamps == sorted(burst_stamps), "EVT-3: shed batches reordered the rest"
-        dropped = int(rig.stats().get("dropped", 0)) - int(before.get("dropped", 0))
-        assert seqs[-1] + 1 + dropped == accepted, (
-            f"EVT-3: {accepted} batches accepted by publish(), {seqs[-1] + 1} published, "
-            f"{dropped} reported shed: "
-            f"{accepted - seqs[-1] - 1 - dropped} vanished without a report"
-        )
+        # Order is EVT-2's: a backlog sent newest first is reordered with or without
+        # shedding (test_a_backlog_reaches_readers_in_publishing_order provokes it).
+        assert burst_stamps == sorted(burst_stamps), (
+            "EVT-2: a backlog behind a full queue reached the reader out of publishing order")
 
 
 # -- EVT-4 -------------------------------------------------------------------------------
@@ -330,11 +403,16 @@ def test_slow_reader_gets_all_of_a_replay_or_no_end_marker(
         answers, ended = client.read(clause="EVT-5", timeout=2.0)
         got = [seq for seq, _ in answers]
         if ended:
-            missing = sorted(set(range(start, start + 2400)) - set(got))
-            assert not missing and got == sorted(got), (
-                f"EVT-5: the end marker came after {len(got)} of 2400 replayed batches "
-                f"(first missing seq {missing[0] if missing else '-'}): the replay was "
-                f"truncated silently"
+            # Truncation is a hole or a missing tail: what a ROUTER at its high-water
+            # mark drops comes after the answers that filled the pipe. Where the replay
+            # starts (is seq ``start`` there?) is EVT-4's, judged by its own tests.
+            last = start + 2399
+            head = got[0] if got else start
+            missing = sorted(set(range(max(head, start), last + 1)) - set(got))
+            assert got and not missing and got == sorted(got), (
+                f"EVT-5: the end marker came after {len(got)} of the replayed batches "
+                f"{head}..{last} (first missing seq {missing[0] if missing else '-'}): "
+                f"the replay was truncated silently"
             )
 
 
@@ -387,7 +465,8 @@ def test_hostile_replay_requests_stop_nothing(kv_publisher_spec: PublisherSpec,
         honest = rig.replay_client()
         start = (rig.offset or 0) + len(rig.model) - 3
         honest.request(start)
-        _check_replay(rig, honest, start, "EVT-6", kv_publisher_spec.buffer_steps)
+        # Served, judged by EVT-6 alone: where the replay starts is EVT-4's.
+        rig.check_served(honest, start, "EVT-6")
 
 
 # -- EVT-7 -------------------------------------------------------------------------------
