@@ -16,6 +16,7 @@ or an impostor server.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket as _socket
@@ -99,7 +100,10 @@ class RawEngine:
         self.dealer.connect(input_address)
         self.push = self._socket(zmq.PUSH)
         self.push.connect(output_address)
-        self.dealer.send(b"")
+        # NOBLOCK: a refused CURVE handshake may already have dropped the DEALER's only
+        # pipe, and a DEALER without a pipe blocks in send() forever (the stranger tried).
+        with contextlib.suppress(zmq.Again):
+            self.dealer.send(b"", zmq.NOBLOCK)
 
     def requests(self, timeout_s: float) -> list[list[bytes]]:
         """Request frame lists received within ``timeout_s`` (stops at the first pause)."""
