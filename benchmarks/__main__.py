@@ -8,6 +8,8 @@ pause-detection precision), ``engine_pipeline`` (the engine-pipeline reference v
 PUSH/PULL loop), ``curve`` (every family's reference with CURVE on vs off, same-run
 ratios; also ``python -m benchmarks.curve_cost``). Pick some with ``--only``.
 
+``python -m benchmarks ratios`` is the issue-23 reference-vs-raw ratios alone, in
+interleaved trials (:mod:`benchmarks.ratios`).
 ``python -m benchmarks stability ...`` is separate (it takes minutes per run):
 consecutive main jobs on the reference, or one test many times; see
 :mod:`benchmarks.stability`.
@@ -59,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import stability
 
         return stability.main(args_in[1:])
+    if args_in[:1] == ["ratios"]:
+        from benchmarks import ratios
+
+        return ratios.main(args_in[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--repeats", type=int, default=5, help="trials per figure (default 5)")

@@ -4,8 +4,10 @@
   client and server (one client, the server's serve loop in a thread)
   against the same loop in raw pyzmq (a REQ client, a REP server polled in a
   thread, msgspec on both sides), in many short interleaved pairs of the
-  same run, so a change in machine load hits both. Target: the median of
-  the per-pair ratios >= 0.8 (the ratio of the medians is reported too).
+  same run, so a change in machine load hits both. Target (issue 23): the
+  ratio of the medians >= 0.9 (the per-pair ratios are reported too). Both
+  sides have a context per end; the raw REQ correlates and times out (see
+  :func:`_raw_round_trips` for what it still leaves out).
 - ``detection``: a silent partition through toxiproxy (the chaos rig of the
   suite) and the time until the reference client reports the server dead,
   as a ratio to the heartbeat timeout; the contract's window is
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +44,25 @@ def _raw_loop(
     answer: Callable[[zmq.Socket[bytes]], None],
     client_type: int,
     round_trip: Callable[[zmq.Socket[bytes], int], None],
+    client_options: Mapping[int, int] | None = None,
+    per_cpu_second: bool = False,
 ) -> float:
     """Round trips per second between a raw client and a raw server polled in a
     thread: ``answer`` reads one request and replies, ``round_trip`` sends
-    request ``n`` and waits for its reply."""
+    request ``n`` and waits for its reply.
+
+    Client and server have a context (an I/O thread) each, as the reference's
+    client and server do and as two processes would: one shared I/O thread
+    would carry both ends of the TCP connection and save the raw loop a
+    thread wake-up per message that no deployment saves. With
+    ``per_cpu_second``: round trips per second of this process's CPU time
+    (client, server and both I/O threads), which load changes far less than
+    the wall time.
+    """
     from conformance.testing.net import free_port
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    client_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     server = ctx.socket(server_type)
     server.setsockopt(zmq.LINGER, 0)
@@ -64,22 +78,26 @@ def _raw_loop(
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    client = ctx.socket(client_type)
+    client = client_ctx.socket(client_type)
     client.setsockopt(zmq.LINGER, 0)
+    for option, value in (client_options or {}).items():
+        client.setsockopt(option, value)
     client.connect(endpoint)
     count = 0
     try:
         deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         while time.perf_counter() < deadline:
             round_trip(client, count)
             count += 1
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     finally:
         stop.set()
         thread.join(5)
+        client_ctx.destroy(linger=0)
         ctx.destroy(linger=0)
-    return count / elapsed
+    return count / (cpu if per_cpu_second else elapsed)
 
 
 def _echo(payload: bytes) -> bytes:
@@ -96,14 +114,27 @@ def _answer_router(router: zmq.Socket[bytes]) -> None:
     router.send_multipart([*frames[:-1], _echo(frames[-1])])
 
 
-def _raw_round_trips(seconds: float) -> float:
-    """REQ/REP round trips per second, REP polled in a thread (the baseline)."""
+def _raw_round_trips(seconds: float, per_cpu_second: bool = False) -> float:
+    """REQ/REP round trips per second, REP polled in a thread (the baseline).
+
+    The REQ does the per-request work the contract asks of any client, the
+    way raw pyzmq does it: a request id matched on the reply
+    (``ZMQ_REQ_CORRELATE``, with ``ZMQ_REQ_RELAXED`` so a lost reply does
+    not wedge the socket) and a receive timeout (``ZMQ_RCVTIMEO``), all
+    inside libzmq. What it leaves out, and the reference pays for on every
+    request: heartbeats (a PING timer checked per request), re-registration
+    (a look at the socket monitor every few milliseconds), the rebuild on a
+    timeout, and the server's checks of the envelope and of every payload.
+    """
 
     def round_trip(req: zmq.Socket[bytes], n: int) -> None:
         req.send(_ENCODER.encode({"type": "ECHO", "nonce": n}))
         _DECODER.decode(req.recv())
 
-    return _raw_loop(seconds, zmq.REP, _answer_rep, zmq.REQ, round_trip)
+    return _raw_loop(seconds, zmq.REP, _answer_rep, zmq.REQ, round_trip,
+                     client_options={zmq.REQ_CORRELATE: 1, zmq.REQ_RELAXED: 1,
+                                     zmq.RCVTIMEO: 2500},
+                     per_cpu_second=per_cpu_second)
 
 
 def _raw_router_round_trips(seconds: float) -> float:
@@ -121,8 +152,9 @@ def _raw_router_round_trips(seconds: float) -> float:
     return _raw_loop(seconds, zmq.ROUTER, _answer_router, zmq.DEALER, round_trip)
 
 
-def _reference_round_trips(seconds: float) -> float:
-    """The same loop through the reference client and server."""
+def _reference_round_trips(seconds: float, per_cpu_second: bool = False) -> float:
+    """The same loop through the reference client and server (``per_cpu_second``: as in
+    :func:`_raw_loop`)."""
     from conformance.testing.net import free_port
     from reference_impl.control import ControlClient, ControlServer
 
@@ -145,16 +177,17 @@ def _reference_round_trips(seconds: float) -> float:
     count = 0
     try:
         deadline = time.perf_counter() + seconds
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         while time.perf_counter() < deadline:
             client.request("ECHO", {"nonce": count})
             count += 1
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     finally:
         client.close()
         stop.set()
         thread.join(5)
-    return count / elapsed
+    return count / (cpu if per_cpu_second else elapsed)
 
 
 def throughput(trials: int, seconds: float, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -179,7 +212,7 @@ def throughput(trials: int, seconds: float, progress: Callable[[str], None]) -> 
         "ratio_of_medians": round(spreads["reference"].median / spreads["raw_req_rep"].median, 3),
         "ratio_per_trial": Spread.of(per_trial).as_dict(),
         "dealer_router_vs_req_rep_per_trial": Spread.of(framing).as_dict(),
-        "target_ratio": 0.8,
+        "target_ratio": 0.9,
     }
 
 

@@ -41,6 +41,7 @@ CONTRACTS = {
     "kv-events-publisher": "reference_impl.kv_events.publisher:KVEventPublisher",
     "kv-events-subscriber": "reference_impl.kv_events.subscriber:KVEventSubscriber",
     "control": "reference_impl.control:REFERENCE",
+    "engine-pipeline": "reference_impl.engine_pipeline:REFERENCE",
 }
 CALLS = 2000
 RESULTS = Path(__file__).parent / "results" / "drivers.json"

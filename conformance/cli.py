@@ -49,6 +49,8 @@ from conformance.reporting.verdicts import exit_status
 from conformance.supervision import supervisor
 
 PROG = "zmq-conformance"
+#: pytest's exit status for a usage error (``pytest.ExitCode.USAGE_ERROR``).
+_USAGE_ERROR = 4
 _SELF_CHECK = "self-check"
 
 
@@ -112,7 +114,8 @@ def _main(argv: list[str]) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run(run_args.output_args(args) + pytest_args, json_path)
+        return _run(run_args.output_args(args) + pytest_args, json_path,
+                    lean=run_args.lean_plugins(args, pytest_args))
     finally:
         if cleanup is not None:
             cleanup.cleanup()
@@ -143,11 +146,22 @@ def _list(*, as_json: bool, chosen: Sequence[contracts.Contract] | None = None) 
     return 0
 
 
-def _run(pytest_args: list[str], json_path: Path) -> int:
+def _run(pytest_args: list[str], json_path: Path, *, lean: list[str] | None = None) -> int:
     """Run pytest in a child interpreter (a clean import state for assertion rewriting
-    and the user's transport), then derive the exit status from the verdicts."""
+    and the user's transport), then derive the exit status from the verdicts.
+
+    With ``lean`` (:func:`run_args.lean_plugins`), the child loads only those
+    plugins; if it then stops on a usage error (the caller's ini may name
+    another plugin's options) it runs again with every plugin.
+    """
     command = [sys.executable, "-m", "pytest", *pytest_args]
-    outcome = supervisor.run(command, report=json_path)
+    if lean is not None:
+        outcome = supervisor.run([*command[:3], *lean, *pytest_args], report=json_path,
+                                 env=run_args.lean_env())
+        if outcome.returncode == _USAGE_ERROR and outcome.interrupted_by is None:
+            outcome = supervisor.run(command, report=json_path)
+    else:
+        outcome = supervisor.run(command, report=json_path)
     status = outcome.returncode
     report = read_report(json_path)
     if outcome.interrupted_by is not None:

@@ -74,6 +74,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "chaos: needs fault injection; runs only with --zmq-chaos / --chaos"
     )
+    config.addinivalue_line(
+        "markers", f"{collection.LONG_MARKER}(seconds): a long test and its typical run time; "
+        "long tests start first, longest first"
+    )
     try:
         state = sessions.configure(config)
     except ConfigError as exc:
@@ -160,6 +164,7 @@ def pytest_collection_modifyitems(
         state.warnings = found
     collection.hold_back_chaos(session, config, items, tagged, chaos=state.chaos,
                                contract=state.contract, suite_dirs=state.suite_dirs)
+    collection.longest_first(items, tagged)
 
 
 @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_protocol")

@@ -217,6 +217,36 @@ def test_the_core_names_no_family() -> None:
     )
 
 
+def test_the_core_imports_no_reference_implementation() -> None:
+    """A reference implementation is one family's contract in code: the core (the
+    driver bridge and the Python driver included) reaches it only through a family."""
+    offenders = [
+        f"{module}:{line} imports {target}"
+        for module, edges in GRAPH.items()
+        if module.split(".")[0] in CORE and _family(module) is None and module != REGISTRY
+        for target, line in edges.items()
+        if target.startswith("reference_impl")
+    ]
+    assert not offenders, "the core names a reference implementation:\n" + "\n".join(
+        offenders
+    )
+
+
+def test_the_core_names_no_family_in_a_string() -> None:
+    """``MODULE:ATTR`` strings that name a family or a reference belong in the registry
+    (or a family); a core module with one would reach a family past the import walk."""
+    offenders = []
+    for module, path in MODULES.items():
+        if module.split(".")[0] not in CORE or _family(module) is not None or module == REGISTRY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.startswith((FAMILIES, "reference_impl"))
+                    and ":" in node.value and " " not in node.value):
+                offenders.append(f"{module}:{node.lineno} {node.value!r}")
+    assert not offenders, "the core names a family's code by string:\n" + "\n".join(offenders)
+
+
 def test_no_family_imports_another() -> None:
     offenders = [
         f"{module}:{line} imports {target}"

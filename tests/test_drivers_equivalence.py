@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from plugin_project import load_json, make_project, run_cli, verdicts
 
+from conformance import contracts
+
 CASES = {
     "control": ("reference_impl.control:REFERENCE", None),
     "p2p": ("reference_impl:ZmqTransport", "test_connections or test_polling"),
@@ -24,6 +26,13 @@ CASES = {
                             "framing or replay_from_start or shutdown_is_bounded or data_parallel"),
     "kv-events-subscriber": ("reference_impl.kv_events.subscriber:KVEventSubscriber",
                              "every_batch_once or end_marker or garbled or configured_topic"),
+    # One test of each PIPE clause: every clause is compared, engines and clients both driven.
+    "engine-pipeline": ("reference_impl.engine_pipeline:REFERENCE",
+                        "frames_follow or burst_streams or in_flight_output or stalled_client "
+                        "or death_during_startup or non_zero_exit or hostile_outputs or "
+                        "reach_the_client or ready_deadline or (never_collide and tcp) or "
+                        "dead_incarnation or rejected_during_shutdown or keyed_peers or "
+                        "(hostile_handshakes and plain)"),
 }
 
 
@@ -45,3 +54,7 @@ def test_python_driver_gives_the_in_process_verdicts(tmp_path: Path, contract: s
     through = _verdicts(project, contract, ["--driver", driver], keyword, "driver.json")
     assert through == in_process
     assert "passed" in in_process.values()
+    if contract == "engine-pipeline":
+        assert set(in_process) == set(contracts.get(contract).clauses), (
+            "the engine-pipeline slice must judge every PIPE clause")
+        assert set(in_process.values()) == {"passed"}

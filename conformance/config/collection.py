@@ -6,8 +6,9 @@ arguments already cover them, so the suite never runs twice; with
 ``--zmq-conformance-only`` the arguments become the suite (or the arguments
 that point into it). :func:`suite_module` collects its ``test_*.py`` whatever
 the user's ``python_files``. :func:`tag_clause_tests` marks each test with the
-clauses it checks, and :func:`hold_back_chaos` deselects chaos tests unless
-``--zmq-chaos`` is given.
+clauses it checks, :func:`hold_back_chaos` deselects chaos tests unless
+``--zmq-chaos`` is given, and :func:`longest_first` starts the long tests
+(``@pytest.mark.long(seconds)``: the state machines) first, one per worker.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from conformance.config import selection
 from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
 
-__all__ = ["CLAUSES_KEY", "extend_args", "hold_back_chaos", "suite_module", "tag_clause_tests"]
+__all__ = [
+    "CLAUSES_KEY", "LONG_MARKER", "extend_args", "hold_back_chaos", "longest_first",
+    "suite_module", "tag_clause_tests",
+]
+
+#: The marker of a long test and its typical run time: ``@pytest.mark.long(15)``.
+LONG_MARKER = "long"
 
 #: A clause test's clause IDs (set at collection).
 CLAUSES_KEY = pytest.StashKey[tuple[str, ...]]()
@@ -140,6 +147,48 @@ def hold_back_chaos(
             held_ids = {id(i) for i in held}
             items[:] = [i for i in items if id(i) not in held_ids]
             config.hook.pytest_deselected(items=held)
+
+
+def longest_first(items: list[pytest.Item],
+                  tagged: Sequence[tuple[pytest.Item, tuple[str, ...]]] | None = None) -> None:
+    """Reorder ``items`` in place: long tests first, longest first, each followed by
+    one short test; then the other short tests in their order.
+
+    Only clause tests (``tagged``; default: every item) count as long: a
+    user's own ``long`` marker in the same session means nothing here.
+
+    xdist's ``load`` scheduler hands tests out in collection order, two at a
+    time per worker with ``--maxschedchunk=1`` (as the CLI runs it): a long
+    test collected last runs alone at the end while the other workers idle.
+    Longest first (LPT) leaves only short tests for the end. The short test
+    after each long one keeps two long tests out of one worker's first
+    hand-out of two.
+    """
+    suite = None if tagged is None else {id(item) for item, _ in tagged}
+
+    def seconds(item: pytest.Item) -> float:
+        if suite is not None and id(item) not in suite:
+            return 0.0
+        marker = item.get_closest_marker(LONG_MARKER)
+        if marker is None:
+            return 0.0
+        if len(marker.args) != 1 or not isinstance(marker.args[0], (int, float)):
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.{LONG_MARKER}(seconds) takes one number, not "
+                f"{marker.args!r}"
+            )
+        return float(marker.args[0])
+
+    long = sorted((i for i in items if seconds(i) > 0), key=lambda i: -seconds(i))
+    if not long:
+        return
+    short = [i for i in items if seconds(i) <= 0]
+    ordered: list[pytest.Item] = []
+    for item in long:
+        ordered.append(item)
+        if short:
+            ordered.append(short.pop(0))
+    items[:] = ordered + short
 
 
 def _builtin_suite_dirs(contract: str) -> list[Path]:

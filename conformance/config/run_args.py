@@ -28,7 +28,7 @@ from conformance.supervision import postmortem
 
 __all__ = [
     "DEFAULT_WORKERS", "MAX_WORKER_RESTARTS", "PLUGIN_MODULE", "add_run_options",
-    "output_args", "parse_run", "plugin_autoloaded", "pytest_args",
+    "lean_plugins", "output_args", "parse_run", "plugin_autoloaded", "pytest_args",
 ]
 
 #: The plugin, named for ``-p`` when its entry point is not loaded.
@@ -150,7 +150,11 @@ def pytest_args(
     if workers != "0":
         if importlib.util.find_spec("xdist") is None:
             raise ConfigError("-n: pytest-xdist is not installed (pip install pytest-xdist)")
-        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}"]
+        # One test per hand-out: with the long tests collected first
+        # (collection.longest_first), no worker queues two of them while
+        # another runs short tests and then idles.
+        out += ["-n", workers, f"--max-worker-restart={MAX_WORKER_RESTARTS}",
+                "--maxschedchunk=1"]
     if args.stall_limit is not None:
         if not args.stall_limit > 0:
             raise ConfigError(f"--stall-limit={args.stall_limit!r}: expected a positive number")
@@ -207,6 +211,46 @@ def output_args(args: argparse.Namespace) -> list[str]:
     quiet = [] if args.quiet else ["-q"]  # no "test session starts" line
     return [*quiet, "--no-header", "--zmq-progress", "auto",
             "-o", "console_output_style=classic"]
+
+
+#: The environment variable that stops pytest loading every installed plugin.
+_NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+
+
+def lean_plugins(args: argparse.Namespace, pytest_args: Sequence[str]) -> list[str] | None:
+    """The ``-p`` arguments of a run that loads only the plugins the suite needs, or
+    ``None`` when the run must load every installed plugin as pytest would.
+
+    Why: pytest rewrites the assertions of every module of every plugin's
+    distribution at each start, and where bytecode is not written
+    (``PYTHONDONTWRITEBYTECODE``, common in CI images) it does so again in
+    the run's process and in each xdist worker: about 1.5 s of CPU per
+    process, most of it Hypothesis' modules. With autoload off
+    (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, set by the caller in the child's
+    environment) the suite loads its plugin, xdist and Hypothesis by name,
+    and ``-p conformance`` keeps the suite's own modules rewritten, as the
+    plugin's entry point has them rewritten otherwise.
+
+    ``None`` (every plugin, as usual) when the caller passed pytest
+    arguments after ``--`` or ``PYTEST_ADDOPTS``, which may name another
+    plugin's options, or already disabled autoload themselves.
+    """
+    if args.pytest_args or os.environ.get("PYTEST_ADDOPTS") or os.environ.get(_NO_AUTOLOAD):
+        return None
+    plugins = ["conformance", PLUGIN_MODULE, "_hypothesis_pytestplugin"]
+    if "-n" in pytest_args:
+        plugins.append("xdist.plugin")
+    if any(importlib.util.find_spec(name.split(".")[0]) is None for name in plugins):
+        return None
+    out: list[str] = []
+    for name in plugins:
+        out += ["-p", name]
+    return out
+
+
+def lean_env() -> dict[str, str]:
+    """This process's environment with plugin autoload off (see :func:`lean_plugins`)."""
+    return {**os.environ, _NO_AUTOLOAD: "1"}
 
 
 def plugin_autoloaded() -> bool:

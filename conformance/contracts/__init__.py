@@ -82,6 +82,10 @@ class Contract:
             implementation object) that puts a driver process in place of a
             Python implementation (``--driver``, :mod:`conformance.drivers`);
             empty while the contract has no driver bridge.
+        python_service: ``MODULE:ATTR`` of the family's
+            :class:`conformance.drivers.serving.Service` subclass, through which
+            the Python driver (``python -m conformance.drivers.python``) serves
+            a Python implementation of this contract; empty: not served.
     """
 
     name: str
@@ -100,6 +104,7 @@ class Contract:
     preflight: str = ""
     nodes: str | None = None
     driver: str = ""
+    python_service: str = ""
 
     def spec_builder(self) -> Callable[..., Any]:
         builder: Callable[..., Any] = resolve(self.make_spec)
@@ -134,6 +139,7 @@ _P2P_CONTRACT = Contract(
     probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
     nodes="conformance.contracts.p2p.process_nodes:nodes_spec",
     driver="conformance.contracts.p2p.driver:TransportFactory",
+    python_service="conformance.contracts.p2p.driver:TransportService",
 )
 
 _PUBLISHER_CONTRACT = Contract(
@@ -150,6 +156,7 @@ _PUBLISHER_CONTRACT = Contract(
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
     driver="conformance.contracts.kv_events.driver:PublisherFactory",
+    python_service="conformance.contracts.kv_events.driver:PublisherService",
 )
 
 _SUBSCRIBER_CONTRACT = Contract(
@@ -166,6 +173,7 @@ _SUBSCRIBER_CONTRACT = Contract(
     factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
     probe=(_KV_ENDPOINTS, {"topic": ""}),
     driver="conformance.contracts.kv_events.driver:SubscriberFactory",
+    python_service="conformance.contracts.kv_events.driver:SubscriberService",
 )
 
 _CONTROL_CONTRACT = Contract(
@@ -184,6 +192,7 @@ _CONTROL_CONTRACT = Contract(
     "register), or a callable of no arguments returning one",
     probe=((), {}),
     driver="conformance.contracts.control.driver:ControlDriver",
+    python_service="conformance.contracts.control.driver:ControlService",
     objects=True,
     preflight="conformance.contracts.control.preflight:check_profile",
 )
@@ -203,6 +212,8 @@ _PIPELINE_CONTRACT = Contract(
     "client(addresses, *, client_index, client_count, engine_indices), or a callable of no "
     "arguments returning one",
     probe=((), {}),
+    driver="conformance.contracts.engine_pipeline.driver:PipelineDriver",
+    python_service="conformance.contracts.engine_pipeline.driver:PipelineService",
 )
 
 #: Every contract by name, in the order ``list`` shows them.

@@ -15,8 +15,11 @@ unchanged: the proxies satisfy each family's duck-typed interface.
 Modules: :mod:`.protocol` (frames, hello), :mod:`.process` (processes,
 pool, crashes, resources), :mod:`.remote` (what every proxy shares; each family's
 proxies live in its package, ``conformance/contracts/<family>/driver.py``),
-:mod:`.behaviours` (standard behaviours for callables), :mod:`.python`
-(the Python driver, ``python -m conformance.drivers.python MODULE:ATTR``).
+:mod:`.behaviours` (a callable a driver runs by name), :mod:`.python`
+(the Python driver's loop, ``python -m conformance.drivers.python MODULE:ATTR``)
+and :mod:`.serving` (what the Python driver's per-contract services share;
+each family's service is in its ``driver.py``, named by the registry's
+``python_service``).
 """
 
 from __future__ import annotations

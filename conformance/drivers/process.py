@@ -407,6 +407,12 @@ class DriverProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
 
+    def exit_status(self, timeout: float) -> int | None:
+        """The exit status once the process ended within ``timeout`` seconds (negative: the
+        signal that killed it), ``None`` while it runs. For a driver whose process is the
+        implementation's own (the engine pipeline's engines), judged by the clauses."""
+        return self._wait_exit(timeout)
+
     def _wait_exit(self, timeout: float) -> int | None:
         try:
             return self._popen.wait(timeout=timeout)

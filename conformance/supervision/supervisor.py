@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -47,13 +47,16 @@ class Outcome:
     interrupted_by: int | None = None
 
 
-def run(command: Sequence[str], *, report: Path | None = None) -> Outcome:
-    """Run ``command`` as a supervised child (see the module docstring)."""
+def run(command: Sequence[str], *, report: Path | None = None,
+        env: Mapping[str, str] | None = None) -> Outcome:
+    """Run ``command`` as a supervised child (see the module docstring), in ``env``
+    (default: this process's environment)."""
     before = _mtime(report)
     received: list[int] = []
     with _catching(received):
         proc = subprocess.Popen(
-            list(command), start_new_session=True, preexec_fn=lifeline.preexec()
+            list(command), start_new_session=True, preexec_fn=lifeline.preexec(),
+            env=dict(env) if env is not None else None,
         )
         group = proc.pid
         signalled_at: float | None = None

@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import msgspec
 import zmq
 
 from reference_impl._curve import CurveServer, ZapHandler, ZapPolicy, server_config
+from reference_impl._frames import readable as _readable
+from reference_impl._frames import recv_frames, send_frames
 from reference_impl.control import wire as wire_profiles
 from reference_impl.control.interface import PING, Handler, Message
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 # Plain ints: pyzmq's enum arithmetic costs microseconds per call on the hot path.
-_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+_NOBLOCK, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.RCVTIMEO)
 
 
 def _pong(request: Message) -> Message:
@@ -109,6 +111,7 @@ class ControlServer:
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
+        self._rcvtimeo = -1
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         if self._zap is not None:
@@ -126,24 +129,35 @@ class ControlServer:
     def serve(self, timeout_ms: int) -> int:
         """Wait up to ``timeout_ms`` for requests, answer up to ``max_batch``; return how many.
 
-        What is queued after the first request is taken without waiting
-        (``ZMQ_EVENTS``, no exception per message).
+        Without CURVE the wait is a blocking receive with ``ZMQ_RCVTIMEO``
+        (set only when ``timeout_ms`` changes): libzmq waits on the socket's
+        own mailbox exactly as ``zmq_poll`` would, without the poller's
+        Python layer and a second call to take the message. With CURVE the
+        ZAP socket must be answered while waiting, so the wait is a poll of
+        both (:meth:`_wait_authenticating`). What is queued after the first
+        request is taken without waiting (``ZMQ_EVENTS``, no exception per
+        message).
         """
         if self._closed:
             raise RuntimeError("serve() on a closed ControlServer")
-        if self._zap is None:
-            if not self._poller.poll(max(timeout_ms, 0)):
-                return 0
-        elif not self._wait_authenticating(timeout_ms):
-            return 0
         sock = self._sock
         try:
-            self._answer(sock.recv_multipart(_NOBLOCK))
-        except zmq.Again:  # POLLIN promises a whole message; defensive only
+            if self._zap is None:
+                timeout = max(timeout_ms, 0)
+                if timeout != self._rcvtimeo:
+                    sock.setsockopt(_RCVTIMEO, timeout)
+                    self._rcvtimeo = timeout
+                frames = recv_frames(sock)
+            elif self._wait_authenticating(timeout_ms):
+                frames = recv_frames(sock, _NOBLOCK)
+            else:
+                return 0
+        except zmq.Again:  # the wait ended without a request
             return 0
+        self._answer(frames)
         answered = 1
         while answered < self._max_batch and _readable(sock):
-            self._answer(sock.recv_multipart(_NOBLOCK))
+            self._answer(recv_frames(sock, _NOBLOCK))
             answered += 1
         self.served += answered
         return answered
@@ -212,7 +226,7 @@ class ControlServer:
 
     def _send_frames(self, frames: list[bytes]) -> None:
         try:
-            self._sock.send_multipart(frames, _NOBLOCK)
+            send_frames(self._sock, frames, _NOBLOCK)
         except zmq.ZMQError:  # EAGAIN (queue full), EHOSTUNREACH: the client is gone
             self.dropped_replies += 1
 
@@ -249,7 +263,7 @@ class ControlServer:
         except (TypeError, ValueError, OverflowError) as exc:
             payload = _ENCODER.encode({"error": f"unencodable reply: {exc}"})
         try:
-            self._sock.send_multipart([*head, payload], _NOBLOCK)
+            send_frames(self._sock, [*head, payload], _NOBLOCK)
         except zmq.ZMQError:  # EAGAIN (queue full), EHOSTUNREACH: the client is gone
             self.dropped_replies += 1
 
@@ -263,7 +277,3 @@ class ControlServer:
             self._zap.close()
         self._ctx.term()
 
-
-def _readable(sock: zmq.Socket[bytes]) -> bool:
-    """A message is waiting (``ZMQ_EVENTS``: no exception, no system call)."""
-    return bool(cast(int, sock.getsockopt(_EVENTS)) & _POLLIN)

@@ -52,15 +52,22 @@ SECRET_OPTIONS_ENV = "ZMQ_CONFORMANCE_ENGINE_SECRET_OPTIONS"
 def _options(config: dict[str, Any]) -> dict[str, Any]:
     """The factory's keyword arguments: the config's, the secret ones, ``log_level`` applied."""
     options = dict(config.get("options", {}))
-    level = options.pop("log_level", None)
-    if level is not None:
-        logging.basicConfig(level=str(level), stream=sys.stderr,
-                            format="%(levelname)s %(name)s: %(message)s")
+    apply_log_level(options)
     secret = json.loads(os.environ.pop(SECRET_OPTIONS_ENV, "{}"))
     for name, value in secret.items():
         options[name] = ([v.encode("ascii") for v in value] if isinstance(value, list)
                          else value.encode("ascii"))
     return options
+
+
+def apply_log_level(options: dict[str, Any]) -> None:
+    """Take the host's own option ``log_level`` out of ``options`` and, when given, send
+    every log record of this process to stderr at that level (shared with the Python
+    driver, whose stderr is its log)."""
+    level = options.pop("log_level", None)
+    if level is not None:
+        logging.basicConfig(level=str(level), stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
 
 
 def _resolve(path: str) -> Any:
@@ -87,6 +94,15 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         return FAILED
 
+    stop_on_sigterm(engine)
+    print("SERVING", flush=True)  # built: what follows is the engine's own time
+    return serve(engine)
+
+
+def stop_on_sigterm(engine: Any) -> None:
+    """From now on SIGTERM asks ``engine`` to shut down (its ``shutdown()`` if it has one,
+    else ``SystemExit`` in ``serve()``)."""
+
     def on_term(signum: int, frame: FrameType | None) -> None:
         stop = getattr(engine, "shutdown", None)
         if callable(stop):
@@ -95,7 +111,12 @@ def main(argv: list[str]) -> int:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    print("SERVING", flush=True)  # built: what follows is the engine's own time
+
+
+def serve(engine: Any) -> int:
+    """Run ``engine.serve()`` in this process; the exit status: 0 when ``serve()`` returns,
+    :data:`FAILED` when it raised (the traceback goes to stderr). Shared with the Python
+    driver, whose engine process is the driver process itself."""
     try:
         engine.serve()
     except SystemExit as exc:

@@ -347,7 +347,13 @@ class Rig:
                **options: Any) -> EngineProcess:
         """An engine process (the one under test, or the reference's)."""
         if under_test:
-            self.spec.require("engine", clause)
+            starter = getattr(self.spec.require("engine", clause), "engine_process", None)
+            if starter is not None:  # a driver: the engine's process is the driver's own
+                started: EngineProcess = starter(
+                    list(addresses), engine_index=engine_index, model=model,
+                    options={"handshake_timeout_ms": HANDSHAKE_TIMEOUT_MS, **options})
+                self.processes.append(started)
+                return started
             factory: Any = self.spec.engine_path
         else:
             from reference_impl.engine_pipeline import REFERENCE
@@ -373,6 +379,11 @@ class Rig:
         """The client under test in a process of its own (ready once "READY" is printed)."""
         factory = self.spec.client_or_reference()
         options.setdefault("ready_timeout_ms", READY_TIMEOUT_MS)
+        starter = getattr(factory, "client_process", None)
+        if starter is not None:  # a driver: the client's host is the driver process
+            host: EngineProcess = starter(addresses, options=options)
+            self.processes.append(host)
+            return host
         process = EngineProcess(factory, addresses, options=options,
                                 stderr_dir=self.tmp_path, side="client")
         self.processes.append(process)

@@ -177,8 +177,8 @@ def make_spec(factory: Any, *, name: str | None = None,
     values = dict(declared or {})
     values.update(overrides or {})
     caps = PipelineCapabilities.from_mapping(values, origin=f"{origin} of {label}")
-    if engine is not None:
-        factory_path(engine)
+    if engine is not None and not hasattr(engine, "engine_process"):
+        factory_path(engine)  # a driver's engine starts its own process instead
     return PipelineSpec(name=label, engine=engine, client=client, capabilities=caps)
 
 

@@ -11,14 +11,19 @@ protocol in its map form (``msgspec.to_builtins``: events tagged by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
+import msgspec
+
+from conformance.drivers.process import DriverCrashed, DriverReplyError
 from conformance.drivers.protocol import Hello
-from conformance.drivers.remote import ErrorTable, Remote, build, signature
+from conformance.drivers.remote import ErrorTable, Remote, build, signature, to_exception
+from conformance.drivers.serving import Refused, Service, accepts, declared, stats_of
 from conformance.supervision import watchdog
 from reference_impl.kv_events.publisher import PublisherClosedError
-from reference_impl.kv_events.schema import SchemaError, normalize
+from reference_impl.kv_events.schema import KVEventBatch, SchemaError, normalize
 
 __all__ = [
     "PUBLISHER_OPTIONS",
@@ -26,7 +31,11 @@ __all__ = [
     "DriverPublisher",
     "DriverSubscriber",
     "PublisherFactory",
+    "PublisherService",
     "SubscriberFactory",
+    "SubscriberService",
+    "publish_copies_in_driver",
+    "publish_many_in_driver",
 ]
 
 PUBLISHER: Final = "kv-events-publisher"
@@ -45,6 +54,13 @@ PUBLISHER_ERRORS: ErrorTable = {
     "closed": lambda message, error: PublisherClosedError(message),
 }
 SUBSCRIBER_ERRORS: ErrorTable = {}
+#: One ``publish_many`` request carries at most this many batches, and this many bytes of
+#: them (one oversized batch goes alone): a request crosses in well under the watchdog's
+#: limit on a loaded machine, and the driver holds one chunk decoded at a time.
+MANY_BATCHES: Final = 500
+MANY_BYTES: Final = 8 * 1024 * 1024
+_BATCH_ENCODER = msgspec.msgpack.Encoder()
+_BYTES: Final = (bytes, bytearray, memoryview)
 
 
 class _Factory:
@@ -136,6 +152,159 @@ class DriverPublisher(Remote):
     def stats(self) -> dict[str, int]:
         return _stats(self)
 
+    #: The driver answered ``publish_many`` with ``unsupported``: publish one by one.
+    _one_by_one = False
+
+    def zmq_conformance_publish_many(self, batches: Sequence[Any]
+                                     ) -> tuple[list[Exception | None], float] | None:
+        """``publish()`` of each batch in turn, run back to back in the driver process
+        (``publish_many``, docs/drivers.md, section 6): what each call raised (``None``:
+        it returned) and the implementation's own time in them all, in seconds.
+
+        ``None`` when the driver does not offer the call (protocol 1 without this
+        addition): the caller then calls :meth:`publish` for each batch. A burst
+        crosses in chunks (:data:`MANY_BATCHES`, :data:`MANY_BYTES`), so the calls of
+        one chunk reach the implementation at the pace of a loop in its own process,
+        as they do in-process, not at the pace of one round trip each.
+        """
+        if self._one_by_one:
+            return None
+        outcomes: list[Exception | None] = []
+        seconds = 0.0
+        for number, chunk in enumerate(_chunks(batches, outcomes)):
+            try:
+                got = self._call("publish_many", {"batches": [raw for _, raw in chunk]},
+                                 limit=watchdog.default_limit() + 0.01 * len(chunk))
+            except NotImplementedError:
+                if number:  # pragma: no cover - a driver that changed its mind mid-burst
+                    raise
+                self._one_by_one = True
+                return None
+            except AssertionError:  # blocked, crashed: the verdict of the whole burst
+                raise
+            except Exception as exc:  # the call as a whole failed: each publish() raised it
+                got = [exc] * len(chunk)
+            seconds += self.last_call_seconds or 0.0
+            if not isinstance(got, list) or len(got) != len(chunk):
+                raise DriverCrashed(
+                    f"publish_many() on {self._name}: the driver answered "
+                    f"{type(got).__name__} {str(got)[:80]!r}, not an array of "
+                    f"{len(chunk)} outcomes (nil or an error map) in the order of the batches")
+            for (index, _), outcome in zip(chunk, got, strict=True):
+                outcomes[index] = (outcome if outcome is None or isinstance(outcome, Exception)
+                                   else self._outcome(outcome))
+        return outcomes, seconds
+
+    #: The driver answered ``publish_copies`` with ``unsupported``.
+    _no_copies = False
+
+    def zmq_conformance_publish_copies(self, batch: Any, count: int
+                                       ) -> tuple[list[Exception | None], float] | None:
+        """``publish()`` of ``count`` copies of ``batch``, copy ``k`` with ``ts + k``, run
+        back to back in the driver process (``publish_copies``, docs/drivers.md,
+        section 6): the outcomes and the implementation's time, as
+        :meth:`zmq_conformance_publish_many`. The batch crosses once, so a burst of
+        large batches (EVT-3's) reaches the implementation whole, as it does
+        in-process. ``None`` when the driver does not offer the call."""
+        if self._no_copies or count < 1:
+            return None
+        try:
+            got = self._call("publish_copies", {"batch": batch, "count": count},
+                             limit=watchdog.default_limit() + 0.01 * count)
+        except NotImplementedError:
+            self._no_copies = True
+            return None
+        except (OverflowError, TypeError) as exc:
+            return [ValueError(f"publish(): the batch cannot cross the driver protocol "
+                               f"({exc})")] * count, 0.0
+        except AssertionError:  # blocked, crashed: the verdict of the whole burst
+            raise
+        except Exception as exc:  # the call as a whole failed: each publish() raised it
+            return [exc] * count, self.last_call_seconds or 0.0
+        if not isinstance(got, list) or len(got) != count:
+            raise DriverCrashed(
+                f"publish_copies() on {self._name}: the driver answered "
+                f"{type(got).__name__} {str(got)[:80]!r}, not an array of {count} outcomes")
+        outcomes = [None if outcome is None else self._outcome(outcome) for outcome in got]
+        return outcomes, self.last_call_seconds or 0.0
+
+    def _outcome(self, error: Any) -> Exception:
+        if not isinstance(error, Mapping):
+            raise DriverCrashed(f"publish_many() on {self._name}: an outcome is "
+                                f"{error!r}, neither nil nor an error map")
+        kind = str(error.get("kind", "error"))
+        return to_exception(DriverReplyError(kind, str(error.get("message", "")), error),
+                            self.errors)
+
+
+def _chunks(batches: Sequence[Any], outcomes: list[Exception | None]
+            ) -> Iterator[list[tuple[int, msgspec.Raw]]]:
+    """The batches, each encoded once, in chunks for ``publish_many``; each is
+    ``(index, encoded)``. A batch MessagePack cannot carry is refused here, as
+    :meth:`DriverPublisher.publish` refuses it: its outcome is set, and it is not sent."""
+    chunk: list[tuple[int, msgspec.Raw]] = []
+    size = 0
+    for index, batch in enumerate(batches):
+        try:
+            encoded = msgspec.Raw(_BATCH_ENCODER.encode(batch))
+        except (OverflowError, TypeError) as exc:
+            outcomes.append(ValueError(f"publish(): the batch cannot cross the driver "
+                                       f"protocol ({exc})"))
+            continue
+        outcomes.append(None)
+        if chunk and (len(chunk) == MANY_BATCHES or size + len(encoded) > MANY_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append((index, encoded))
+        size += len(encoded)
+    if chunk:
+        yield chunk
+
+
+def publish_many_in_driver(publisher: Any, batches: Sequence[Any],
+                           convert: Callable[[Any], Any],
+                           error_map: Callable[[BaseException], dict[str, Any]]
+                           ) -> tuple[list[dict[str, Any] | None], int]:
+    """The Python driver's ``publish_many``: convert every batch first (``convert``),
+    then call ``publisher.publish`` for each, back to back, as one loop in-process
+    would. Returns the outcomes (``None``, or the error map of what that call raised)
+    and the nanoseconds spent converting, which ``elapsed_ns`` leaves out."""
+    started = time.perf_counter_ns()
+    typed: list[Any] = []
+    for batch in batches:
+        try:
+            typed.append(convert(batch))
+        except Exception as exc:  # its publish() is refused; the others still run
+            typed.append(exc)
+    overhead = time.perf_counter_ns() - started
+    outcomes: list[dict[str, Any] | None] = []
+    for batch in typed:
+        if isinstance(batch, Exception):
+            outcomes.append(error_map(batch))
+            continue
+        try:
+            publisher.publish(batch)
+        except Exception as exc:
+            outcomes.append(error_map(exc))
+        else:
+            outcomes.append(None)
+    return outcomes, overhead
+
+
+def publish_copies_in_driver(publisher: Any, batch: Any, count: int,
+                             convert: Callable[[Any], Any],
+                             error_map: Callable[[BaseException], dict[str, Any]]
+                             ) -> tuple[list[dict[str, Any] | None], int]:
+    """The Python driver's ``publish_copies``: ``count`` copies of the converted batch,
+    copy ``k`` with ``ts + k`` (sharing everything else, as copies made in-process
+    with ``msgspec.structs.replace`` do), then published back to back."""
+    started = time.perf_counter_ns()
+    typed = convert(batch)
+    copies = [msgspec.structs.replace(typed, ts=typed.ts + k) for k in range(count)]
+    overhead = time.perf_counter_ns() - started
+    outcomes, _ = publish_many_in_driver(publisher, copies, lambda copy: copy, error_map)
+    return outcomes, overhead
+
 
 def _typed(batch: Any) -> Any:
     """``batch`` as the suite's :class:`KVEventBatch` (what a Python subscriber returns),
@@ -166,3 +335,98 @@ class DriverSubscriber(Remote):
 
     def stats(self) -> dict[str, int]:
         return _stats(self)
+
+
+# -- the Python driver's side (docs/drivers.md, section 6) ---------------------------
+
+
+class _KVService(Service):
+    """A KV-event factory ``factory(endpoint, replay_endpoint, *, topic, **options)``."""
+
+    constructor: ClassVar[str] = ""
+    known_options: ClassVar[tuple[str, ...]] = ()
+
+    def hello(self) -> dict[str, Any]:
+        answer = super().hello()
+        answer["capabilities"] = declared(self.target)
+        answer["options"] = [o for o in self.known_options if accepts(self.target, o)]
+        return answer
+
+    def _make(self, args: dict[str, Any]) -> tuple[Any, str, str]:
+        endpoint, replay = args.pop("endpoint"), args.pop("replay_endpoint")
+        return self.target(endpoint, replay, **args), endpoint, replay
+
+
+class PublisherService(_KVService):
+    """The Python driver's side of ``kv-events-publisher``."""
+
+    constructors = ("publisher",)
+    known_options = PUBLISHER_OPTIONS
+    error_kinds = ((PublisherClosedError, "closed"),)
+
+    def _construct_publisher(self, args: dict[str, Any]) -> Any:
+        obj, endpoint, replay = self._make(args)
+        return {"handle": self.new("publisher", obj),
+                "endpoint": str(getattr(obj, "endpoint", endpoint)),
+                "replay_endpoint": str(getattr(obj, "replay_endpoint", replay))}
+
+    def _publisher_publish(self, obj: Any, batch: Any) -> None:
+        started = time.perf_counter_ns()
+        try:
+            typed = msgspec.convert(batch, KVEventBatch)
+        except msgspec.ValidationError as exc:
+            raise Refused("invalid", f"not a KVEventBatch: {exc}") from None
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
+        obj.publish(typed)
+
+    # publish_many, publish_copies (docs/drivers.md, section 6): a burst runs here, back to back.
+
+    def _publisher_publish_many(self, obj: Any, batches: list[Any]) -> Any:
+        outcomes, overhead_ns = publish_many_in_driver(obj, batches, _as_batch, self.error)
+        self.overhead_ns += overhead_ns
+        return outcomes
+
+    def _publisher_publish_copies(self, obj: Any, batch: Any, count: int) -> Any:
+        outcomes, overhead_ns = publish_copies_in_driver(obj, batch, count, _as_batch,
+                                                         self.error)
+        self.overhead_ns += overhead_ns
+        return outcomes
+
+    def _publisher_shutdown(self, obj: Any) -> None:
+        obj.shutdown()
+
+    def _publisher_stats(self, obj: Any) -> Any:
+        return stats_of(obj)
+
+
+class SubscriberService(_KVService):
+    """The Python driver's side of ``kv-events-subscriber``."""
+
+    constructors = ("subscriber",)
+    known_options = SUBSCRIBER_OPTIONS
+
+    def _construct_subscriber(self, args: dict[str, Any]) -> Any:
+        obj, _, _ = self._make(args)
+        return {"handle": self.new("subscriber", obj)}
+
+    def _subscriber_poll(self, obj: Any, timeout_ms: int) -> Any:
+        got = obj.poll(timeout_ms)
+        started = time.perf_counter_ns()
+        try:
+            return [[seq, msgspec.to_builtins(batch, builtin_types=_BYTES)] for seq, batch in got]
+        finally:
+            self.overhead_ns += time.perf_counter_ns() - started
+
+    def _subscriber_close(self, obj: Any) -> None:
+        obj.close()
+
+    def _subscriber_stats(self, obj: Any) -> Any:
+        return stats_of(obj)
+
+
+def _as_batch(batch: Any) -> Any:
+    try:
+        return msgspec.convert(batch, KVEventBatch)
+    except msgspec.ValidationError as exc:
+        raise Refused("invalid", f"not a KVEventBatch: {exc}") from None

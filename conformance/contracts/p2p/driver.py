@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Final
 from conformance.drivers import process as processes
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
+from conformance.drivers.serving import Service, accepts, declared
 from reference_impl.p2p.interface import (
     ConnectionDeadError,
     DuplicateConnectionError,
@@ -27,14 +28,16 @@ from reference_impl.p2p.interface import (
     SendQueueFullError,
 )
 
-__all__ = ["OPTIONS", "DriverConnection", "DriverTransport", "TransportFactory"]
+__all__ = ["OPTIONS", "DriverConnection", "DriverTransport", "TransportFactory",
+           "TransportService"]
 
 CONTRACT: Final = "p2p"
 #: Keyword arguments a p2p driver may list in ``options``.
 #: The CURVE keywords of :mod:`conformance.testing.credentials` (SEC-2).
 CURVE_OPTIONS: Final = ("curve_server_secret_key", "curve_allowed_client_keys",
                         "curve_client_secret_key", "curve_server_key")
-OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms", *CURVE_OPTIONS)
+HEARTBEAT_OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms")
+OPTIONS: Final = (*HEARTBEAT_OPTIONS, *CURVE_OPTIONS)
 
 ERRORS: ErrorTable = {
     "duplicate": lambda message, error: DuplicateConnectionError(message),
@@ -176,3 +179,58 @@ class DriverTransport(Remote):
         if found is None:
             found = self._conns[handle] = DriverConnection(self, handle, entry.get("peer_id"))
         return found
+
+
+class TransportService(Service):
+    """The Python driver's side of ``p2p``: a transport factory behind handles."""
+
+    constructors = ("transport",)
+    error_kinds = (
+        (DuplicateConnectionError, "duplicate"),
+        (ConnectionDeadError, "dead"),
+        (MessageTooLargeError, "too_large"),
+        (SendQueueFullError, "queue_full"),
+    )
+
+    def hello(self) -> dict[str, Any]:
+        answer = super().hello()
+        answer["capabilities"] = declared(self.target)
+        options = [o for o in HEARTBEAT_OPTIONS if accepts(self.target, o)]
+        if len(options) < len(HEARTBEAT_OPTIONS):
+            options = []  # the suite passes heartbeats as all three or none
+        answer["options"] = options + [o for o in CURVE_OPTIONS if accepts(self.target, o)]
+        return answer
+
+    def _construct_transport(self, args: dict[str, Any]) -> Any:
+        opts = {k: args.pop(k) for k in OPTIONS if k in args}
+        obj = self.target(args["local_id"], args["host"], args["port"], **opts)
+        return {"handle": self.new("transport", obj)}
+
+    def _transport_connect(self, obj: Any, peer_id: str) -> Any:
+        conn = obj.connect(peer_id)
+        return {"handle": self.new("connection", conn), "peer_id": conn.peer_id}
+
+    def _transport_poll(self, obj: Any) -> Any:
+        return [{"handle": self.new("connection", c), "peer_id": c.peer_id}
+                for c in obj.poll()]
+
+    def _transport_close(self, obj: Any) -> None:
+        obj.close()
+
+    def _connection_peer_id(self, obj: Any) -> Any:
+        return obj.peer_id
+
+    def _connection_alive(self, obj: Any) -> Any:
+        return bool(obj.alive)
+
+    def _connection_send(self, obj: Any, msg: Any) -> None:
+        obj.send(msg)
+
+    def _connection_recv(self, obj: Any) -> Any:
+        return list(obj.recv())
+
+    def _connection_mark_dead(self, obj: Any) -> None:
+        obj.mark_dead()
+
+    def _connection_close(self, obj: Any) -> None:
+        obj.close()

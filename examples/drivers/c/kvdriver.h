@@ -36,10 +36,7 @@ static int mp_is_int(const msgpack_object *o) {
     return o && (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER
                  || o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER);
 }
-
-static int64_t mp_int(const msgpack_object *o, int64_t fallback) {
-    return mp_is_int(o) ? o->via.i64 : fallback;
-}
+static int64_t mp_int(const msgpack_object *o, int64_t d) { return mp_is_int(o) ? o->via.i64 : d; }
 
 /* A string argument copied into buf; 0 if absent, not a string or too long. */
 static int mp_text(const msgpack_object *o, char *buf, size_t cap) {
@@ -48,10 +45,7 @@ static int mp_text(const msgpack_object *o, char *buf, size_t cap) {
     return 1;
 }
 
-static void opt(void *sock, int option, int value) {
-    zmq_setsockopt(sock, option, &value, sizeof value);
-}
-
+static void opt(void *s, int option, int v) { zmq_setsockopt(s, option, &v, sizeof v); }
 static void pk_str(msgpack_packer *pk, const char *s) {
     msgpack_pack_str_with_body(pk, s, strlen(s));
 }
@@ -141,19 +135,18 @@ static int batch_ok(const char *payload, size_t len, msgpack_sbuffer *clean) {
  * MAX_PARTS are counted, not kept), or -1 when nothing is waiting. */
 static int recv_parts(void *sock, zmq_msg_t *parts) {
     int n = 0, more = 1;
-    while (more) {
+    for (; more; n++) {
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, sock, n ? 0 : ZMQ_DONTWAIT) < 0) { zmq_msg_close(&m); return -1; }
         more = zmq_msg_more(&m);
         if (n < MAX_PARTS) parts[n] = m; else zmq_msg_close(&m);
-        n++;
     }
     return n;
 }
 
-static void close_parts(zmq_msg_t *parts, int n) {
-    for (int i = 0; i < n && i < MAX_PARTS; i++) zmq_msg_close(&parts[i]);
+static void close_parts(zmq_msg_t *p, int n) {
+    for (int i = 0; i < n && i < MAX_PARTS; i++) zmq_msg_close(&p[i]);
 }
 
 static int64_t be64(const void *p) { /* an 8-byte big-endian seq frame, signed */
@@ -186,15 +179,12 @@ static void write_reply(const msgpack_sbuffer *sb) {
 }
 
 /* --- driver protocol version 1 (docs/drivers.md) ---------------------------- */
-static void pk_pair(msgpack_packer *pk, const char *key, const char *value) {
-    pk_str(pk, key), pk_str(pk, value);
-}
+static void pk_pair(msgpack_packer *p, const char *k, const char *v) { pk_str(p, k), pk_str(p, v); }
 
 /* A contract's calls: pack the result and return NULL, or return an error kind
  * (and set *message). Handle 0 is the driver itself (constructors). */
 typedef const char *(*Dispatch)(const msgpack_object *call, int64_t handle,
-                                const msgpack_object *args, msgpack_packer *pk,
-                                const char **message);
+                                const msgpack_object *args, msgpack_packer *pk, const char **why);
 
 static void reply_head(msgpack_packer *pk, int64_t id, const char *key) {
     msgpack_sbuffer_clear(pk->data);
@@ -210,8 +200,7 @@ static int serve(const char *contract, const char *const *options, Dispatch disp
     msgpack_packer pk;
     char *buf = NULL, why[128];
     int n = 0;
-    msgpack_unpacked_init(&u);
-    msgpack_sbuffer_init(&sb);
+    msgpack_unpacked_init(&u), msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     if (!read_request(&u, &buf)) return 2;
     if (!mp_is(mp_get(&u.data, "contract"), contract)) {
@@ -220,8 +209,7 @@ static int serve(const char *contract, const char *const *options, Dispatch disp
         pk_pair(&pk, "kind", "unsupported"), pk_pair(&pk, "message", why);
         return write_reply(&sb), 2;
     }
-    msgpack_pack_map(&pk, 6);
-    pk_pair(&pk, "type", "hello"), pk_pair(&pk, "contract", contract);
+    msgpack_pack_map(&pk, 6), pk_pair(&pk, "type", "hello"), pk_pair(&pk, "contract", contract);
     pk_str(&pk, "protocol"), msgpack_pack_int(&pk, 1);
     pk_pair(&pk, "implementation", "zmq-conformance C example (libzmq, msgpack-c)");
     pk_str(&pk, "capabilities"), msgpack_pack_map(&pk, 2), pk_pair(&pk, "encoding", "map");

@@ -1,6 +1,7 @@
 /* kv-events-publisher driver in C: PUB [topic, seq, payload] and a replay
  * ROUTER with ZMQ_ROUTER_MANDATORY, served from the driver's one loop
- * between the suite's calls. publish() sends at once and never blocks.
+ * between the suite's calls. publish() sends at once and never blocks; publish_many
+ * (a burst in one request) is the same publish() for each batch.
  * Build with -DBROKEN_REPLAY_OFF_BY_ONE for a replay that starts one late. */
 #include "kvdriver.h"
 
@@ -222,14 +223,23 @@ static const char *dispatch(const msgpack_object *call, int64_t h, const msgpack
         msgpack_pack_nil(pk);
     } else if (mp_is(call, "stats")) {
         pack_stats(pk);
-    } else if (!mp_is(call, "publish")) {
-        return *message = "no such call", "unsupported";
+    } else if (!mp_is(call, "publish") && !mp_is(call, "publish_many")) {
+        return *message = "no such call", "unsupported"; /* publish_copies too: optional */
     } else if (h != handles || !P.ctx) {
         return *message = "publish() after shutdown()", "closed";
-    } else {
+    } else if (mp_is(call, "publish")) {
         const char *kind = publish(mp_get(args, "batch"), message);
         if (kind) return kind;
         msgpack_pack_nil(pk);
+    } else { /* publish_many: each batch's publish(), back to back; an outcome each */
+        const msgpack_object *b = mp_get(args, "batches");
+        if (!b || b->type != MSGPACK_OBJECT_ARRAY) return *message = "no batches array", "invalid";
+        msgpack_pack_array(pk, b->via.array.size);
+        for (uint32_t i = 0; i < b->via.array.size; i++) {
+            const char *why = "", *kind = publish(&b->via.array.ptr[i], &why);
+            if (!kind) { msgpack_pack_nil(pk); continue; }
+            msgpack_pack_map(pk, 2), pk_pair(pk, "kind", kind), pk_pair(pk, "message", why);
+        }
     }
     return NULL;
 }

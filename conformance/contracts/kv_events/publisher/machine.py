@@ -22,6 +22,7 @@ message starts with the clause ID.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import ClassVar
 
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from conformance.contracts.kv_events.publisher.peers import Rig, Sub, make_batch, ts_of
 from conformance.contracts.kv_events.spec import PublisherSpec
+from reference_impl.kv_events.schema import KVEventBatch
 
 __all__ = ["PublisherMachine"]
 
@@ -64,8 +66,7 @@ class PublisherMachine(RuleBasedStateMachine):
         for watcher in self._reading():
             if self.rig.incarnation not in watcher.last:
                 self._join(watcher)
-        for _ in range(count):
-            self._publish()
+        self._publish_many(count)
         for watcher in self._reading():
             self.rig.wait_all(watcher.sub, pump=self._drain_readers)
 
@@ -137,6 +138,22 @@ class PublisherMachine(RuleBasedStateMachine):
     def _drain_readers(self) -> None:
         for watcher in self._reading():
             watcher.sub.drain()
+
+    def _publish_many(self, count: int) -> None:
+        """``count`` publish() calls in one burst (:meth:`Rig.publish_many`: in a driver's
+        process where it runs in one), each accepted batch traced to its seq."""
+        made: list[KVEventBatch] = []
+
+        def batches() -> Iterator[KVEventBatch]:
+            for _ in range(count):
+                made.append(make_batch())
+                yield made[-1]
+
+        seq = len(self.rig.model)  # every accepted batch of make_batch() is modelled, in order
+        for batch, accepted in zip(made, self.rig.publish_many(batches()), strict=True):
+            if accepted:
+                self.traced[batch.ts] = (self.rig.incarnation, seq)
+                seq += 1
 
     def _publish(self) -> None:
         batch = make_batch()

@@ -189,6 +189,7 @@ def test_hb1_silent_partition_detected_on_both_sides_within_window(
 
 
 @pytest.mark.clause("HB-2")
+@pytest.mark.long(4)
 def test_hb2_latency_and_jitter_below_timeout_cause_no_false_death(
     chaos_cluster: ChaosCluster, zmq_transport_spec: TransportSpec, record_property: Recorder
 ) -> None:

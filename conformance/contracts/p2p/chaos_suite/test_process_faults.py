@@ -44,7 +44,7 @@ from conformance.contracts.p2p.chaos_suite._support import (
     watch_deaths,
 )
 from conformance.contracts.p2p.harness import Connection, Node, receive, wait_inbound, wait_until
-from conformance.contracts.p2p.machines import run_machine
+from conformance.contracts.p2p.machines import run_machine_part
 from conformance.contracts.p2p.process_faults import ProcessCluster
 from conformance.contracts.p2p.process_machine import ProcessChaosMachine
 from conformance.contracts.p2p.spec import TransportSpec
@@ -54,6 +54,10 @@ pytestmark = pytest.mark.chaos
 
 #: Messages sent each way after a recovery.
 _BATCH = 20
+#: The process chaos machine's examples run as this many tests, side by side on
+#: the workers: an example is mostly waiting (pauses, heartbeat windows), so
+#: one test of all of them would be the run's longest by far.
+MACHINE_PARTS = 3
 #: Pauses drawn per short-pause test, as fractions of ``timeout - interval``.
 _SHORT_PAUSE_RANGE = (0.2, 0.8)
 
@@ -272,11 +276,15 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
 
 
 @pytest.mark.clause("PROC-1", "PROC-3")
+@pytest.mark.long(10)
+@pytest.mark.parametrize("part", range(MACHINE_PARTS))
 def test_proc_chaos_machine(
-    zmq_transport_spec: TransportSpec, toxiproxy: Toxiproxy, record_property: Recorder
+    zmq_transport_spec: TransportSpec, toxiproxy: Toxiproxy, record_property: Recorder,
+    part: int,
 ) -> None:
     """The chaos machine on process nodes: traffic, proxy faults, pauses and crashes,
-    shrunk together (see :mod:`conformance.contracts.p2p.process_machine`)."""
+    shrunk together (see :mod:`conformance.contracts.p2p.process_machine`); one of
+    :data:`MACHINE_PARTS` shares of its examples."""
     built: list[ProcessChaosMachine] = []
 
     def build() -> ProcessChaosMachine:
@@ -284,6 +292,7 @@ def test_proc_chaos_machine(
         return built[-1]
 
     try:
-        run_machine(build, settings=profiles.suite_settings())
+        run_machine_part(build, profiles.suite_settings(), part=part, parts=MACHINE_PARTS,
+                         name="test_proc_chaos_machine")
     finally:
         record_property("examples", len(built))

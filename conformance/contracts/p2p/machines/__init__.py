@@ -8,6 +8,7 @@ The suite runs them in ``conformance/contracts/p2p/suite/test_machines.py`` with
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import cast
 
@@ -20,7 +21,10 @@ from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 from conformance.contracts.p2p.machines.cluster import ClusterMachine, NodeRef
 from conformance.contracts.p2p.machines.model import ClusterModel, Violation
 
-__all__ = ["ClusterMachine", "ClusterModel", "NodeRef", "Violation", "run_machine"]
+__all__ = [
+    "ClusterMachine", "ClusterModel", "NodeRef", "Violation", "part_examples", "run_machine",
+    "run_machine_part",
+]
 
 
 def run_machine(build: Callable[[], ClusterMachine], settings: Settings,
@@ -60,3 +64,45 @@ def run_machine(build: Callable[[], ClusterMachine], settings: Settings,
             f"{first} [seen while generating examples; Hypothesis could not replay it "
             f"({type(exc).__name__}): the defect depends on timing]"
         ) from exc
+
+
+def part_examples(total: int, parts: int) -> int:
+    """Examples per part when a machine's ``total`` examples are split into ``parts`` tests.
+
+    Every Hypothesis run starts with the same simplest example, so ``parts``
+    runs repeat it ``parts - 1`` times: each part gets one more than an even
+    share of the rest, and together they run at least ``total`` distinct
+    examples, as many as the unsplit run (``parts * (share - 1) >= total - 1``).
+    """
+    if parts < 1:
+        raise ValueError(f"parts={parts!r}: expected at least 1")
+    if parts == 1:
+        return total
+    return 1 + -(-(total - 1) // parts)
+
+
+def run_machine_part(build: Callable[[], ClusterMachine], settings: Settings,
+                     *, part: int, parts: int, name: str) -> None:
+    """Run part ``part`` (0-based) of ``parts`` of the machines ``settings`` asks for.
+
+    A machine's examples are independent, so a long machine split into
+    ``parts`` tests (``@pytest.mark.parametrize("part", range(parts))``) runs
+    them on several workers side by side: same step count per example, at
+    least as many distinct examples in total (:func:`part_examples`).
+
+    Each part draws from its own seed, derived from the run's (the one
+    ``--hypothesis-seed`` or a re-run sets, read when the test runs) and
+    ``name`` and ``part``, so a run stays reproducible from its seed and the
+    parts never draw the same examples. Without a run seed (plain pytest)
+    Hypothesis draws a fresh one per part anyway.
+    """
+    from hypothesis import core
+
+    if not 0 <= part < parts:
+        raise ValueError(f"part={part!r}: expected 0 <= part < parts={parts}")
+    share = settings.__class__(settings, max_examples=part_examples(settings.max_examples, parts))
+    run_seed = core.global_force_seed
+    seed = None
+    if run_seed is not None and parts > 1:
+        seed = random.Random(f"{run_seed}|{name}|part {part} of {parts}").getrandbits(64)
+    run_machine(build, share, seed=seed if parts > 1 else None)

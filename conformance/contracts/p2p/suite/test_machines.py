@@ -20,11 +20,15 @@ from collections.abc import Callable
 import pytest
 
 from conformance.config import profiles
-from conformance.contracts.p2p.machines import ClusterMachine, run_machine
+from conformance.contracts.p2p.machines import ClusterMachine, run_machine_part
 from conformance.contracts.p2p.spec import TransportSpec
 
 #: Machines are cheap per example and find races only by volume.
 EXAMPLES_SCALE = 4
+
+#: The cluster machine's examples run as this many tests, on workers side by side
+#: (:func:`~conformance.contracts.p2p.machines.run_machine_part`).
+MACHINE_PARTS = 2
 
 #: Clauses the cluster machine checks (each has an assertion naming it).
 CLUSTER_CLAUSES = (
@@ -36,11 +40,15 @@ CLUSTER_CLAUSES = (
 
 
 @pytest.mark.clause(*CLUSTER_CLAUSES)
+@pytest.mark.long(8)
+@pytest.mark.parametrize("part", range(MACHINE_PARTS))
 def test_cluster_machine(
-    zmq_transport_spec: TransportSpec, record_property: Callable[[str, object], None]
+    zmq_transport_spec: TransportSpec, record_property: Callable[[str, object], None],
+    part: int,
 ) -> None:
     """2-4 nodes: connect, send, poll, settle, mark dead, close, reconnect, restart,
-    flap and hostile frames, checked step by step against the model."""
+    flap and hostile frames, checked step by step against the model (one of
+    :data:`MACHINE_PARTS` shares of the examples)."""
     profile = profiles.active()
     settings = profiles.suite_settings(max_examples=EXAMPLES_SCALE * profile.max_examples)
     built: list[ClusterMachine] = []
@@ -50,6 +58,7 @@ def test_cluster_machine(
         return built[-1]
 
     try:
-        run_machine(build, settings)
+        run_machine_part(build, settings, part=part, parts=MACHINE_PARTS,
+                         name="test_cluster_machine")
     finally:
         record_property("examples", len(built))

@@ -1,12 +1,13 @@
 //! kv-events-subscriber driver in Rust (zmq-conformance driver protocol 1).
 //!
-//! SUB for the live stream and a DEALER replay client, rebuilt after a
-//! timeout (lazy pirate); the application gets every batch once, in order.
+//! SUB for the live stream (rebuilt after a failed handshake) and a DEALER replay
+//! client, rebuilt after a timeout (lazy pirate); every batch once, in order.
 //! `--features broken-end-marker` builds one that reads the end marker unsigned (EVS-2).
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 // --- MessagePack values, kept as they are (bin stays bin, str stays str) ---------
@@ -67,16 +68,12 @@ impl<'de> Visitor<'de> for AnyValue {
     fn visit_bytes<E>(self, b: &[u8]) -> Result<Value, E> { Ok(Value::Bin(b.to_vec())) }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
-        while let Some(v) = seq.next_element()? {
-            items.push(v);
-        }
+        while let Some(v) = seq.next_element()? { items.push(v) }
         Ok(Value::Array(items))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut pairs = Vec::new();
-        while let Some(pair) = map.next_entry()? {
-            pairs.push(pair);
-        }
+        while let Some(pair) = map.next_entry()? { pairs.push(pair) }
         Ok(Value::Map(pairs))
     }
 }
@@ -195,18 +192,43 @@ fn batch(payload: &[u8]) -> Option<Value> {
 
 // --- the subscriber --------------------------------------------------------------
 
+use zmq::SocketEvent as Event;
+const RECONNECT_IVL: Duration = Duration::from_millis(100);
+
+/// The SUB socket, every option set before connect(), and the PAIR reading its events.
+/// No receive limit: libzmq 4.3 aborts on a reset of a full, heartbeated pipe.
+fn open_sub(ctx: &zmq::Context, endpoint: &str, topic: &[u8], (hb, hbt): (i64, i64))
+            -> zmq::Result<(zmq::Socket, zmq::Socket)> {
+    static MONITORS: AtomicU32 = AtomicU32::new(0); // monitor addresses are never reused
+    let (sub, monitor) = (ctx.socket(zmq::SUB)?, ctx.socket(zmq::PAIR)?);
+    sub.set_rcvhwm(0).and(sub.set_linger(0))?;
+    sub.set_reconnect_ivl(RECONNECT_IVL.as_millis() as i32)?;
+    if hb > 0 { sub.set_heartbeat_ivl(hb as i32).and(sub.set_heartbeat_timeout(hbt as i32))?; }
+    let address = format!("inproc://sub-monitor-{}", MONITORS.fetch_add(1, Relaxed));
+    let events = Event::CONNECTED as i32 | Event::DISCONNECTED as i32;
+    let events = events | Event::HANDSHAKE_SUCCEEDED as i32;
+    sub.set_subscribe(topic).and(sub.monitor(&address, events)).and(monitor.set_linger(0))?;
+    monitor.connect(&address).and(sub.connect(endpoint)).map(|_| (sub, monitor))
+}
+
+/// One multipart message, if one is waiting.
+fn recv(sock: Option<&zmq::Socket>) -> Option<Vec<Vec<u8>>> {
+    sock?.recv_multipart(zmq::DONTWAIT).ok()
+}
+
 struct Replay { covers: i64, activity: Instant }
 
 struct Subscriber {
     ctx: zmq::Context,
     sub: zmq::Socket,
+    monitor: zmq::Socket, // the SUB's connection events (see watch_sub)
     dealer: Option<zmq::Socket>,
     topic: Vec<u8>,
+    endpoint: String, heartbeat: (i64, i64), // where and how the SUB connects, to rebuild it
+    handshaken: bool, sub_failed: bool, resubscribe_at: Instant, // see watch_sub
     replay_endpoint: String,
-    replay_timeout: Duration,
-    resync_idle: Duration,
-    attempts: u32,
-    failed: u32,
+    replay_timeout: Duration, resync_idle: Duration, // a replay's patience; the idle resync
+    attempts: u32, failed: u32, // replay attempts before a gap is lost; failed so far
     last: Option<i64>,      // last seq delivered or consumed
     last_live: Option<i64>, // last seq seen live
     held: BTreeMap<i64, Option<Value>>, // behind a gap; None: garbled, consumes its seq
@@ -227,23 +249,13 @@ impl Subscriber {
             return Err("replay_timeout_ms must be >= 1, heartbeats >= 0".into());
         }
         let ctx = zmq::Context::new();
-        let sub = ctx.socket(zmq::SUB).map_err(|e| e.to_string())?;
-        // No receive limit: libzmq 4.3 aborts on a reset of a full, heartbeated pipe.
-        let setup = || -> zmq::Result<()> {
-            sub.set_rcvhwm(0)?;
-            sub.set_linger(0)?;
-            sub.set_reconnect_ivl(100)?;
-            if hb > 0 {
-                sub.set_heartbeat_ivl(hb as i32)?;
-                sub.set_heartbeat_timeout(if hbt > 0 { hbt } else { hb } as i32)?;
-            }
-            sub.set_subscribe(topic.as_bytes())?;
-            sub.connect(endpoint)
-        };
-        setup().map_err(|e| format!("{endpoint}: {e}"))?;
+        let heartbeat = (hb, if hbt > 0 { hbt } else { hb });
+        let (sub, monitor) = open_sub(&ctx, endpoint, topic.as_bytes(), heartbeat)
+            .map_err(|e| format!("{endpoint}: {e}"))?;
         Ok(Subscriber {
-            ctx, sub, dealer: None, topic: topic.as_bytes().to_vec(),
-            replay_endpoint: replay_endpoint.to_owned(),
+            ctx, sub, monitor, dealer: None, topic: topic.as_bytes().to_vec(),
+            endpoint: endpoint.to_owned(), heartbeat, handshaken: false, sub_failed: false,
+            resubscribe_at: Instant::now(), replay_endpoint: replay_endpoint.to_owned(),
             replay_timeout: Duration::from_millis(timeout as u64),
             resync_idle: Duration::from_millis(1000), attempts: 3, failed: 0,
             last: None, last_live: None, held: BTreeMap::new(), out: Vec::new(), replay: None,
@@ -253,15 +265,28 @@ impl Subscriber {
 
     fn count(&mut self, what: &'static str, n: i64) { *self.stats.entry(what).or_insert(0) += n; }
 
+    /// A connection that ended before its handshake succeeded may have ended libzmq's session
+    /// for good (an impostor's garbage: no reconnect, EVS-11): rebuild the SUB, once per 100 ms.
+    fn watch_sub(&mut self) {
+        while let Some(f) = recv(Some(&self.monitor)) { // frame 1: the event, native u16 first
+            let event = f[0].get(..2).map_or(0, |e| u16::from_ne_bytes([e[0], e[1]]));
+            self.sub_failed |= event == Event::DISCONNECTED as u16 && !self.handshaken;
+            self.handshaken = event == Event::HANDSHAKE_SUCCEEDED as u16;
+        }
+        if !self.sub_failed || Instant::now() < self.resubscribe_at { return; }
+        if let Ok(sockets) = open_sub(&self.ctx, &self.endpoint, &self.topic, self.heartbeat) {
+            (self.sub, self.monitor) = sockets; // the old SUB is closed first
+            (self.sub_failed, self.resubscribe_at) = (false, Instant::now() + RECONNECT_IVL);
+            self.count("resubscribes", 1);
+        }
+    }
+
     /// Deliver held batches while they continue the sequence.
     fn flush(&mut self) {
         while let Some(next) = self.last.and_then(|l| l.checked_add(1)) {
             let b = match self.held.remove(&next) { Some(b) => b, None => return };
             self.last = Some(next);
-            if let Some(b) = b {
-                self.out.push((next, b));
-                self.count("delivered", 1);
-            }
+            if let Some(b) = b { self.out.push((next, b)); self.count("delivered", 1); }
         }
     }
 
@@ -269,10 +294,7 @@ impl Subscriber {
     fn give_up(&mut self, upto: Option<i64>) {
         while let (Some(&first), Some(last)) = (self.held.keys().next(), self.last) {
             let limit = upto.map_or(first - 1, |u| u.min(first - 1));
-            if limit > last {
-                self.count("lost", limit - last);
-                self.last = Some(limit);
-            }
+            if limit > last { self.count("lost", limit - last); self.last = Some(limit); }
             if self.last != Some(first - 1) { return; }
             self.flush();
         }
@@ -280,8 +302,7 @@ impl Subscriber {
 
     fn hold(&mut self, seq: i64, payload: &[u8]) {
         if self.last.map_or(false, |l| seq <= l) || self.held.contains_key(&seq) {
-            self.count("duplicates", 1);
-            return;
+            return self.count("duplicates", 1);
         }
         let b = batch(payload);
         if b.is_none() { self.count("garbled", 1); } // still consumes its seq
@@ -366,10 +387,7 @@ impl Subscriber {
             self.count("replay_timeouts", 1);
             (self.dealer, self.replay) = (None, None); // lazy pirate: late answers die with it
             self.failed += 1;
-            if self.failed >= self.attempts {
-                self.failed = 0;
-                self.give_up(None);
-            }
+            if self.failed >= self.attempts { self.failed = 0; self.give_up(None); }
             if self.held.is_empty() { self.failed = 0 } else { self.request_replay() }
         } else if self.last.is_some() && now >= self.traffic + self.resync_idle {
             self.traffic = now;
@@ -380,23 +398,16 @@ impl Subscriber {
     fn poll(&mut self, timeout_ms: i64) -> Vec<(i64, Value)> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
         loop { // up to 1024 messages a socket a turn: one reply carries many
+            self.watch_sub();
             for _ in 0..1024 {
-                match self.sub.recv_multipart(zmq::DONTWAIT) {
-                    Ok(f) => self.on_live(f),
-                    Err(_) => break,
-                }
+                match recv(Some(&self.sub)) { Some(f) => self.on_live(f), _ => break }
             }
             for _ in 0..1024 {
-                match self.dealer.as_ref().map(|d| d.recv_multipart(zmq::DONTWAIT)) {
-                    Some(Ok(f)) => self.on_answer(f),
-                    _ => break,
-                }
+                match recv(self.dealer.as_ref()) { Some(f) => self.on_answer(f), _ => break }
             }
             let now = Instant::now();
             self.timers(now);
-            if !self.out.is_empty() || now >= deadline {
-                return std::mem::take(&mut self.out);
-            }
+            if !self.out.is_empty() || now >= deadline { return std::mem::take(&mut self.out); }
             let timer = match &self.replay {
                 Some(r) => r.activity + self.replay_timeout,
                 None if self.last.is_some() => self.traffic + self.resync_idle,
@@ -458,19 +469,14 @@ fn main() {
         let args = request.get("args").unwrap_or(&no_args);
         let current = handle == handles && live.is_some();
         let result = match (handle, call) {
-            (0, "subscriber") if live.is_some() => {
-                error("invalid", "one subscriber per process at a time")
-            }
+            (0, "subscriber") if live.is_some() => error("invalid", "one subscriber at a time"),
             (0, "subscriber") => Subscriber::open(args).map_or_else(|e| error("invalid", &e), |s| {
                 live = Some(s);
                 handles += 1;
                 Ok(map(vec![("handle", Value::Int(handles))]))
             }),
             (h, _) if h < 1 || h > handles => error("invalid", "no such handle"),
-            (_, "close") => {
-                if current { live = None; }
-                Ok(Value::Nil)
-            }
+            (_, "close") => { if current { live = None } Ok(Value::Nil) }
             (_, "poll" | "stats") if !current => error("closed", "the subscriber is closed"),
             (_, "poll") => {
                 let timeout = args.get("timeout_ms").and_then(Value::int).unwrap_or(0);
