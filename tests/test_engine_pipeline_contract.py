@@ -44,6 +44,10 @@ TESTS: dict[str, tuple[str, ...]] = {
     "pipe_fixed_ipc_path": ("test_concurrent_pipelines_never_collide",),
     "pipe_old_incarnation_outputs_delivered": ("test_no_output_of_a_dead_incarnation",),
     "pipe_utility_results_by_arrival": ("test_utility_calls_matched_failed_and_timed_out",),
+    "pipe_adopted_with_old_incarnation_outputs": ("test_no_output_of_a_dead_incarnation",),
+    "pipe_startup_death_waits_for_deadline": (
+        "test_death_between_hello_and_ready_ends_wait_ready",),
+    "pipe_probe_then_bind_ports": ("test_concurrent_pipelines_never_collide",),
     "pipe_curve_on_handshake_only": (
         "test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in",),
     "pipe_curve_set_after_bind": (

@@ -24,6 +24,7 @@ import pytest
 
 from reference_impl.engine_pipeline import (
     REFERENCE,
+    REFERENCE_ADOPT,
     AddressInUse,
     ClientClosed,
     DuplicateRequest,
@@ -218,6 +219,36 @@ def test_sentinel_kills_the_client_and_fails_calls() -> None:
             client.call("echo", timeout_ms=1000)
 
 
+def test_restart_option_is_checked_and_adopt_fences_a_live_incarnation() -> None:
+    """``restart`` is validated; with ``adopt`` a HELLO while the engine runs is refused,
+    and so is a replacement while the dead incarnation's process still runs (here: this
+    process, as the engine ran in a thread of it)."""
+    from conformance.contracts.engine_pipeline.peers import RawEngine
+    from reference_impl.engine_pipeline import HandshakeRefused
+
+    with pytest.raises(ValueError, match="restart must be one of none, adopt"):
+        EngineClient("tcp", restart="later")
+    with pipeline(restart="adopt") as (client, engine):
+        stranger = RawEngine(client.handshake_address, engine_index=0)
+        try:
+            answer = stranger.hello(3.0)
+        finally:
+            stranger.close()
+        assert answer is not None and answer["status"] == "REFUSED"
+        assert "is running" in answer["reason"]
+        engine.model.raise_at_step = engine.model.steps + 1
+        client.add("x", [1], 5)
+        deadline = time.monotonic() + 3
+        with pytest.raises(EngineDead):
+            while time.monotonic() < deadline:
+                client.outputs(100)
+        replacement = EngineCore([client.handshake_address], engine_index=0, model=FakeModel(),
+                                 handshake_timeout_ms=3000)
+        with pytest.raises(HandshakeRefused, match="still running"):
+            replacement.serve()
+        assert not client.alive and client.adoptions == 0
+
+
 def test_ready_timeout_names_the_missing_engines() -> None:
     client = EngineClient("tcp", engine_indices=[0, 3], ready_timeout_ms=100)
     try:
@@ -244,7 +275,8 @@ def test_ipc_addresses_are_private_and_removed(tmp_path: Path) -> None:
 
 def test_reference_declares_its_capabilities() -> None:
     assert REFERENCE.capabilities["wire"] == "vllm-v1"
-    assert REFERENCE.capabilities["restart"] == "none"
+    assert REFERENCE.capabilities["restart"] == "none,adopt"
+    assert REFERENCE_ADOPT.capabilities["restart"] == "adopt"
     assert REFERENCE() is REFERENCE
 
 

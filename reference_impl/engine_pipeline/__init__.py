@@ -16,7 +16,11 @@ of the contract:
 
 ``REFERENCE`` is what ``zmq-conformance run --contract engine-pipeline``
 tests by default: an implementation object with an ``engine`` and a
-``client`` factory and its declared ``capabilities``.
+``client`` factory and its declared ``capabilities``. Its client takes both
+restart policies as the keyword option ``restart`` (``none`` by default,
+``adopt``), so it declares ``restart: "none,adopt"`` and the suite runs the
+restart clause once per policy; ``REFERENCE_ADOPT`` is the same pipeline
+declaring ``adopt`` alone (the whole suite with adopting clients).
 
 CURVE is off by default. The client binds, so it is the CURVE server
 (``curve_server_secret_key`` with ``curve_allowed_client_keys`` or
@@ -89,26 +93,39 @@ class HeartbeatClient(EngineClient):
         super().__init__(addresses, **options)
 
 
+class AdoptingClient(HeartbeatClient):
+    """The reference client with restart policy ``adopt`` by default."""
+
+    def __init__(self, addresses: Any = "tcp", **options: Any) -> None:
+        options.setdefault("restart", "adopt")
+        super().__init__(addresses, **options)
+
+
 REFERENCE_CAPABILITIES: Mapping[str, Any] = {
     "wire": "vllm-v1",
     "detects_hang": True,
     "death_bound_ms": 1500,
     "shutdown_bound_ms": 2000,
     "malformed_input": "tolerate",
-    "restart": "none",
+    "restart": "none,adopt",
     "max_message_bytes": 64 << 20,
     "authentication": True,
 }
 
 REFERENCE = PipelineImplementation(engine=EngineCore, client=HeartbeatClient,
                                    capabilities=REFERENCE_CAPABILITIES)
+REFERENCE_ADOPT = PipelineImplementation(
+    engine=EngineCore, client=AdoptingClient,
+    capabilities={**REFERENCE_CAPABILITIES, "restart": "adopt"})
 
 __all__ = [
     "HEARTBEAT_IVL_MS",
     "HEARTBEAT_TIMEOUT_MS",
     "REFERENCE",
+    "REFERENCE_ADOPT",
     "REFERENCE_CAPABILITIES",
     "AddressInUse",
+    "AdoptingClient",
     "ClientClosed",
     "DuplicateRequest",
     "EngineClient",

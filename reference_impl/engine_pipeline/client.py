@@ -25,8 +25,21 @@ engine process (a pidfd, for engines on this host), and, with
 ``heartbeat_ivl_ms``, ZMTP heartbeats on the PULL (a paused engine: its
 connection is dropped after ``heartbeat_timeout_ms``). On death every
 waiter and pending call is released with :class:`EngineDead`, later calls
-raise it at once, and outputs that arrive afterwards are dropped: restart
-policy ``none``, as vLLM (a HELLO after ready is refused).
+raise it at once, and outputs that arrive afterwards are dropped.
+
+What follows a death is the ``restart`` option:
+
+- ``"none"`` (the default, as vLLM): the client stays dead; a HELLO after
+  ready is refused.
+- ``"adopt"``: a replacement engine with a dead engine's index is welcomed
+  once the dead incarnation's process is gone (for engines on this host: its
+  pidfd; a paused incarnation is still running and keeps the replacement
+  out, so it can never come back as a second engine of that index). When
+  the replacement said READY and its DEALER registered (the request ROUTER
+  hands the identity over to it), and every engine's process is running, the
+  client is alive again: ``alive`` is True, calls work. Requests and calls
+  of the dead incarnation were ended at the death and stay ended, so nothing
+  that incarnation sent, however late it arrives, is delivered.
 
 Callers may use the client from several threads (requests are sent under a
 lock); ``close()`` is bounded and idempotent.
@@ -86,7 +99,7 @@ from reference_impl.engine_pipeline.wire import (
     RequestType,
 )
 
-__all__ = ["CLOSE_BOUND_S", "IPC_PATH_MAX", "EngineClient", "RequestOutput"]
+__all__ = ["CLOSE_BOUND_S", "IPC_PATH_MAX", "RESTART_POLICIES", "EngineClient", "RequestOutput"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +109,10 @@ CLOSE_BOUND_S: Final = 1.0
 IPC_PATH_MAX: Final = 107
 _ROLES: Final = ("handshake", "input", "output")
 _IO_POLL_MS: Final = 50
+#: The I/O thread's poll while a replacement registers (it reads the request ROUTER then).
+_ADOPT_POLL_MS: Final = 5
+#: What follows an engine's death (see the module docstring).
+RESTART_POLICIES: Final = ("none", "adopt")
 _monitor_ids = itertools.count()
 _ZERO_COPY_BYTES: Final = 65536
 _IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
@@ -128,6 +145,7 @@ class EngineClient:
                  client_count: int = 1, engine_indices: Sequence[int] = (0,),
                  ready_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
                  heartbeat_timeout_ms: int = 0, max_message_bytes: int = 64 << 20,
+                 restart: str = "none",
                  curve_server_secret_key: bytes | str | None = None,
                  curve_allowed_client_keys: Sequence[bytes | str] | None = None,
                  curve_zap_handler: _curve.ZapPolicy | None = None) -> None:
@@ -139,6 +157,10 @@ class EngineClient:
         if not engine_indices or len(set(engine_indices)) != len(engine_indices):
             raise ValueError(f"engine_indices {list(engine_indices)} must be distinct, and "
                              "at least one")
+        if restart not in RESTART_POLICIES:
+            raise ValueError(f"restart must be one of {', '.join(RESTART_POLICIES)}; got "
+                             f"{restart!r:.40}")
+        self.restart = restart
         self.client_index = client_index
         self.client_count = client_count
         self.engine_indices = list(engine_indices)
@@ -162,6 +184,12 @@ class EngineClient:
         self._round_robin = itertools.cycle(self.engine_indices)
         self._watches: dict[int, ProcessWatch] = {}
         self._dead: EngineDead | None = None
+        #: Replacements being adopted (restart "adopt"), by engine index; the I/O thread's.
+        self._adopting: dict[int, _Adoption] = {}
+        #: Replacements swapped in, waiting for the client to come back to life.
+        self._adopted: list[int] = []
+        #: How many times the client came back to life by adopting (restart "adopt").
+        self.adoptions = 0
         self._closed = False
         self._ready = False
         self._io_thread: threading.Thread | None = None
@@ -228,6 +256,10 @@ class EngineClient:
         self._secure(sock, kind)
         if mandatory:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            if self.restart == "adopt":
+                # A replacement's DEALER takes the identity over even if the dead
+                # incarnation's connection is not torn down yet.
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if kind == zmq.PULL:
             sock.setsockopt(zmq.RCVHWM, 0)
         if heartbeat and self.heartbeat_ivl_ms:
@@ -314,15 +346,22 @@ class EngineClient:
                         registered.add(index)
                 else:
                     self._on_handshake(sock.recv_multipart(), expected, said_ready)
-            for index, watch in self._watches.items():
-                if watch.exited():
-                    self._die(f"engine {index} (pid {watch.pid}) exited during startup")
-                    raise self._dead_error()
+            death = self._startup_death()
+            if death is not None:
+                self._die(death)
+                raise self._dead_error()
         self._adopt_output_connections(deadline)
         self._ready = True
         self._io_thread = threading.Thread(target=self._io_loop, daemon=True,
                                            name=f"engine-client{self.client_index}-io")
         self._io_thread.start()
+
+    def _startup_death(self) -> str | None:
+        """Why startup failed: a greeted engine's process ended before it was ready."""
+        for index, watch in self._watches.items():
+            if watch.exited():
+                return f"engine {index} (pid {watch.pid}) exited during startup"
+        return None
 
     def _on_handshake(self, frames: list[bytes], expected: set[int] | None,
                       said_ready: set[int]) -> None:
@@ -346,13 +385,21 @@ class EngineClient:
                 return
             assert isinstance(index, int)
             pid = message.get("pid")
-            if isinstance(pid, int) and message.get("host") == _socket.gethostname():
-                self._watches[index] = ProcessWatch(pid)
+            watch = (ProcessWatch(pid) if isinstance(pid, int)
+                     and message.get("host") == _socket.gethostname() else None)
+            if expected is None:  # after ready: a replacement (restart "adopt")
+                self._adopting[index] = _Adoption(watch)
+            elif watch is not None:
+                self._watches[index] = watch
             self._handshake.send_multipart([routing_id, wire.encode_handshake({
                 "status": "WELCOME", "client_index": self.client_index,
                 "input": self.advertised["input"], "output": self.advertised["output"],
                 "pid": os.getpid(), "host": _socket.gethostname(),
             })])
+        elif status == "READY" and expected is None:
+            adoption = self._adopting.get(index) if isinstance(index, int) else None
+            if adoption is not None:
+                adoption.ready = True
         elif status == "READY" and isinstance(index, int) and index in self._watches:
             said_ready.add(index)
         elif status == "READY" and isinstance(index, int) and expected is not None \
@@ -363,14 +410,93 @@ class EngineClient:
         if not isinstance(index, int) or isinstance(index, bool):
             return f"engine_index {index!r:.20} is not an integer"
         if expected is None:
-            return (f"engine {index}: this client is running and adopts no engine "
-                    "(restart policy none)")
+            return self._adopt_refusal(index)
         if index not in expected:
             return f"engine {index} is not one of {sorted(expected)}"
         watch = self._watches.get(index)
         if watch is not None and not watch.exited():
             return f"engine {index} is already greeted (pid {watch.pid}): a duplicate"
         return None
+
+    def _adopt_refusal(self, index: int) -> str | None:
+        """Why a HELLO after ready is refused; ``None``: welcome a replacement."""
+        if self.restart != "adopt":
+            return (f"engine {index}: this client is running and adopts no engine "
+                    "(restart policy none)")
+        if index not in self.engine_indices:
+            return f"engine {index} is not one of {self.engine_indices}"
+        if self._dead is None:
+            return (f"engine {index} is running: a replacement is adopted only after an "
+                    "engine's death")
+        pending = self._adopting.get(index)
+        if pending is not None:
+            if pending.watch is None or not pending.watch.exited():
+                return f"engine {index} already has a replacement being adopted: a duplicate"
+            del self._adopting[index]  # it died before its adoption: this one may take over
+            pending.close()
+        old = self._watches.get(index)
+        if old is not None and not old.exited():
+            return (f"engine {index}'s previous incarnation (pid {old.pid}) is still running; "
+                    "its replacement is adopted once that process is gone")
+        return None
+
+    def _register_replacements(self) -> None:
+        """Read the request ROUTER for replacements' first messages (under the send lock:
+        the socket is the callers' otherwise)."""
+        with self._send_lock:
+            while True:
+                try:
+                    frames = self._input.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                index = wire.identity_index(frames[0])
+                adoption = None if index is None else self._adopting.get(index)
+                if adoption is not None:
+                    adoption.registered = True
+
+    def _complete_adoptions(self, poller: zmq.Poller) -> None:
+        """Swap in every replacement that is ready and registered; alive again when every
+        engine's process is running. A replacement that died before it was adopted is
+        forgotten (the next one is welcome)."""
+        for index in [i for i, a in self._adopting.items()
+                      if a.watch is not None and a.watch.exited()]:
+            log.warning("client %d: replacement engine %d died before its adoption",
+                        self.client_index, index)
+            self._adopting.pop(index).close()
+        done = [i for i, a in self._adopting.items() if a.ready and a.registered]
+        for index in done:
+            adoption = self._adopting.pop(index)
+            old = self._watches.pop(index, None)
+            if old is not None:
+                if old.fd is not None:
+                    with contextlib.suppress(KeyError):
+                        poller.unregister(old.fd)
+                old.close()
+            if adoption.watch is not None:
+                self._watches[index] = adoption.watch
+                if adoption.watch.fd is not None:
+                    poller.register(adoption.watch.fd, zmq.POLLIN)
+        self._adopted += done
+        if not self._adopted or self._adopting \
+                or any(w.exited() for w in self._watches.values()):
+            return
+        if self._monitor is not None:
+            # The output connections up now are the engines' again (as at ready): the dead
+            # incarnation's are gone, the replacement's must be there (PIPE-14).
+            while self._monitor.poll(0):
+                self._on_monitor_event(self._monitor.recv_multipart())
+            if len(self._output_fds) < len(self.engine_indices):
+                return  # the replacement's PUSH is not accepted yet: the next turn
+            self._engine_fds = frozenset(self._output_fds)
+        with self._state:
+            if self._closed:
+                return
+            log.warning("client %d: adopted replacement engine(s) %s", self.client_index,
+                        self._adopted)
+            self._adopted = []
+            self._dead = None
+            self.adoptions += 1
+            self._state.notify_all()
 
     # -- requests -----------------------------------------------------------------
 
@@ -490,7 +616,8 @@ class EngineClient:
                 poller.register(watch.fd, zmq.POLLIN)
         try:
             while not self._closed:
-                events = dict(poller.poll(_IO_POLL_MS))
+                events = dict(poller.poll(_ADOPT_POLL_MS if self._adopting or self._adopted
+                                          else _IO_POLL_MS))
                 if self._output in events:
                     before = self._delivered
                     for _ in range(256):
@@ -510,7 +637,12 @@ class EngineClient:
                     self._on_monitor_event(self._monitor.recv_multipart())
                 for index, watch in self._watches.items():
                     if (watch.fd is None or watch.fd in events) and watch.exited():
+                        if watch.fd is not None:
+                            poller.unregister(watch.fd)  # readable for good: no busy loop
                         self._die(f"engine {index} (pid {watch.pid}) exited")
+                if self._adopting or self._adopted:
+                    self._register_replacements()
+                    self._complete_adoptions(poller)
         except zmq.ContextTerminated:
             return
         except Exception as exc:
@@ -567,9 +699,10 @@ class EngineClient:
 
         A lost connection is a dead engine only if it was one of these: a stranger's
         garbage, a refused CURVE handshake or a port scan on the output port also
-        end in a disconnection, after ready (restart policy ``none``: no engine joins
-        later). Waits, within the ready deadline, until one connection per engine is
-        up (an engine connects its PUSH with its DEALER, so it is there already).
+        end in a disconnection, after ready (restart ``none``: no engine joins later;
+        ``adopt`` renews the set at each adoption). Waits, within the ready deadline,
+        until one connection per engine is up (an engine connects its PUSH with its
+        DEALER, so it is there already).
         """
         monitor = self._monitor
         if monitor is None:
@@ -640,6 +773,8 @@ class EngineClient:
         self._stop_zap()
         for watch in self._watches.values():
             watch.close()
+        for adoption in self._adopting.values():
+            adoption.close()
         for sock in self._sockets:
             sock.close(linger=0)
         self._ctx.term()
@@ -654,6 +789,19 @@ class EngineClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Adoption:
+    """A replacement engine between its WELCOME and its adoption (restart "adopt")."""
+
+    def __init__(self, watch: ProcessWatch | None) -> None:
+        self.watch = watch
+        self.ready = False
+        self.registered = False
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
 
 
 def _finish(value: int) -> FinishReason:

@@ -2,7 +2,14 @@
 
 With ``"side": "client"`` it hosts a client instead (built with
 ``addresses`` and ``options``, made ready, "READY" printed, then idle until
-killed): a client whose death the suite can cause.
+killed): a client whose death the suite can cause. With ``"side":
+"dies-in-startup"`` it is an engine (the suite's raw one, engine index
+``engine_index``) that prints "CONNECTING" once it is imported, sends HELLO
+to ``addresses[0]`` (queued until a client binds there), takes the WELCOME,
+connects and sends its DEALER's first message, prints "WELCOMED" and never
+says READY: with ``options["how"]`` ``"exit0"`` it then exits 0, with
+``"sigkill"`` it waits for the suite's SIGKILL (PIPE-5's death during
+startup, between HELLO and READY).
 
 ``CONFIG`` is a JSON object: ``factory`` (``MODULE:ATTR`` of the engine
 factory), ``addresses``, ``engine_index``, ``model`` (options of
@@ -76,6 +83,8 @@ def main(argv: list[str]) -> int:
     bind_to_parent()
     if config.get("side") == "client":
         return _client(config)
+    if config.get("side") == "dies-in-startup":
+        return _dies_in_startup(config)
     try:
         factory = _resolve(config["factory"])
         model = FakeModel.from_options(config.get("model"))
@@ -128,6 +137,29 @@ def _client(config: dict[str, Any]) -> int:
         return FAILED
     print("READY", flush=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+def _dies_in_startup(config: dict[str, Any]) -> int:
+    """An engine process that ends between its HELLO and its READY (module docstring)."""
+    from conformance.contracts.engine_pipeline.peers import RawEngine
+
+    how = config.get("options", {}).get("how")
+    if how not in ("exit0", "sigkill"):
+        print(f"dies-in-startup: options.how must be exit0 or sigkill, got {how!r}",
+              file=sys.stderr)
+        return FAILED
+    engine = RawEngine(config["addresses"][0], engine_index=config["engine_index"])
+    print("CONNECTING", flush=True)
+    try:
+        engine.join(float(config.get("options", {}).get("timeout_s", 60)), say_ready=False)
+    except BaseException:
+        traceback.print_exc()
+        return FAILED
+    print("WELCOMED", flush=True)
+    if how == "exit0":
+        os._exit(0)  # no teardown, no goodbye: the process is simply gone
     while True:
         signal.pause()
 

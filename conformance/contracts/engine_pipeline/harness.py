@@ -364,6 +364,17 @@ class Rig:
         self.processes.append(process)
         return process
 
+    def engine_dying_in_startup(self, handshake_address: str, *, how: str,
+                                engine_index: int = 0) -> EngineProcess:
+        """An engine process that takes its WELCOME, prints "WELCOMED" and never says READY:
+        with ``how`` ``"exit0"`` it exits 0 then; with ``"sigkill"`` it waits for
+        :meth:`EngineProcess.kill` (see :mod:`.engine_host`)."""
+        process = EngineProcess("-", [handshake_address], engine_index=engine_index,
+                                options={"how": how}, stderr_dir=self.tmp_path,
+                                side="dies-in-startup")
+        self.processes.append(process)
+        return process
+
     def client_process(self, addresses: Any, **options: Any) -> EngineProcess:
         """The client under test in a process of its own (ready once "READY" is printed)."""
         factory = self.spec.client_or_reference()

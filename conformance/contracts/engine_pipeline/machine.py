@@ -11,7 +11,10 @@ the steps; the model says what must be seen:
 - ``call("echo", n)`` returns ``[n]`` (PIPE-12);
 - after ``kill`` the client fails within the death bound, every later call
   raises, and nothing of that incarnation is delivered again (PIPE-5,
-  PIPE-11); ``restart`` builds the next incarnation on fresh addresses;
+  PIPE-11); ``restart`` builds the next incarnation: with restart policy
+  ``none`` a new pipeline on fresh addresses, with ``adopt`` a replacement
+  engine process the same client must adopt (alive again), after which no
+  output of a request of any dead incarnation may arrive;
 - a pause shorter than the heartbeat window is no death (PIPE-5).
 
 A failure message starts with the clause it broke; the steps printed by
@@ -31,12 +34,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
+    invariant,
     precondition,
     rule,
 )
 
 from conformance.config import profiles
 from conformance.contracts.engine_pipeline.harness import (
+    PROCESS_READY_S,
     SLACK_S,
     EngineProcess,
     Rig,
@@ -50,6 +55,10 @@ from reference_impl.engine_pipeline.wire import FinishReason
 
 #: A pause this short is inside every heartbeat window the suite accepts.
 PAUSE_MS = 100
+#: Steps an incarnation serves before ``kill`` is the only step left: every example of
+#: more steps than this kills and restarts (Hypothesis' first examples are its
+#: simplest, and a kill among eight rules would otherwise often not come).
+LIFE_STEPS = 6
 
 
 @dataclass
@@ -65,23 +74,40 @@ class _Incarnation:
     requests: dict[str, _Request] = field(default_factory=dict)
     streams: Streams = field(default_factory=Streams)
     dead: bool = False
+    steps: int = 0
 
 
 class PipelineMachine(RuleBasedStateMachine):
     """See the module docstring."""
 
-    def __init__(self, spec: PipelineSpec, tmp_path: Path) -> None:
+    def __init__(self, spec: PipelineSpec, tmp_path: Path, policy: str = "none") -> None:
         super().__init__()
         self.rig = Rig(spec, tmp_path)
+        self.policy = policy
+        self.client_options = spec.capabilities.restart_option(policy, "PIPE-11")
         self.live: _Incarnation | None = None
         self.incarnations = 0
+        #: Requests of dead incarnations (restart adopt: the client is the same).
+        self.dead_rids: set[str] = set()
 
     @initialize()
     def start(self) -> None:
         self._new_incarnation()
 
     def _new_incarnation(self) -> None:
-        client, process = self.rig.pipeline(clause="PIPE-9", model={"stall_ms": 1})
+        if self.policy == "adopt" and self.live is not None:
+            client = self.live.client
+            process = self.rig.engine([client.handshake_address], clause="PIPE-11",
+                                      model={"stall_ms": 1})
+            deadline = time.monotonic() + PROCESS_READY_S
+            while not guarded("alive", lambda: client.alive, 5.0):
+                assert process.running and time.monotonic() < deadline, (
+                    "PIPE-11: restart adopt declared, but the replacement engine was not "
+                    f"adopted; {process.describe()}")
+                time.sleep(0.02)
+        else:
+            client, process = self.rig.pipeline(clause="PIPE-9", model={"stall_ms": 1},
+                                                **self.client_options)
         self.live = _Incarnation(client, process)
         self.incarnations += 1
 
@@ -93,7 +119,16 @@ class PipelineMachine(RuleBasedStateMachine):
     def _alive(self) -> bool:
         return self.live is not None and not self.live.dead
 
-    @precondition(_alive)
+    def _serving(self) -> bool:
+        """Alive and not yet due to be killed (see :data:`LIFE_STEPS`)."""
+        return self._alive() and self._inc.steps < LIFE_STEPS
+
+    @invariant()
+    def count_steps(self) -> None:
+        if self.live is not None:
+            self.live.steps += 1
+
+    @precondition(_serving)
     @rule(max_tokens=st.integers(1, 40), count=st.integers(1, 30))
     def add(self, max_tokens: int, count: int) -> None:
         inc = self._inc
@@ -107,7 +142,7 @@ class PipelineMachine(RuleBasedStateMachine):
         for rid in rids:
             inc.requests[rid] = _Request(max_tokens)
 
-    @precondition(_alive)
+    @precondition(_serving)
     @rule(long=st.integers(1, 3))
     def add_long_and_abort(self, long: int) -> None:
         inc = self._inc
@@ -117,13 +152,13 @@ class PipelineMachine(RuleBasedStateMachine):
             inc.requests[rid] = _Request(100_000, aborted=True)
         guarded("abort()", lambda: inc.client.abort(rids), 5.0)
 
-    @precondition(_alive)
+    @precondition(_serving)
     @rule(n=st.integers(0, 1 << 40))
     def call(self, n: int) -> None:
         value = guarded("call()", lambda: self._inc.client.call("echo", n, timeout_ms=5000), 8.0)
         assert value == [n], f"PIPE-12: call('echo', {n}) returned {value!r}"
 
-    @precondition(_alive)
+    @precondition(_serving)
     @rule()
     def drain(self) -> None:
         inc = self._inc
@@ -131,7 +166,7 @@ class PipelineMachine(RuleBasedStateMachine):
         self.rig.collect(inc.client, open_rids, clause="PIPE-2", streams=inc.streams)
         self._check_streams(inc)
 
-    @precondition(_alive)
+    @precondition(_serving)
     @rule()
     def slow_reader(self) -> None:
         """A burst the engine finishes while nobody reads; then everything is read."""
@@ -146,7 +181,7 @@ class PipelineMachine(RuleBasedStateMachine):
             pass
         self.drain()
 
-    @precondition(lambda self: self._alive() and self.rig.caps.detects_hang)
+    @precondition(lambda self: self._serving() and self.rig.caps.detects_hang)
     @rule()
     def pause(self) -> None:
         inc = self._inc
@@ -174,6 +209,7 @@ class PipelineMachine(RuleBasedStateMachine):
                                  f"{self.rig.death_bound_s:.2f} s")
         inc.dead = True
         self._check_streams(inc, complete=False)
+        self.dead_rids.update(inc.requests)
         try:
             late = guarded("outputs()", lambda: inc.client.outputs(0), 5.0)
         except Exception:
@@ -192,6 +228,9 @@ class PipelineMachine(RuleBasedStateMachine):
         self._new_incarnation()
 
     def _check_streams(self, inc: _Incarnation, *, complete: bool = True) -> None:
+        foreign = sorted(set(inc.streams.outputs) & self.dead_rids)
+        assert not foreign, (f"PIPE-11: outputs of request(s) {foreign[:3]} of a dead "
+                             f"incarnation delivered after the restart ({self.policy})")
         for rid, req in inc.requests.items():
             if not inc.streams.outputs.get(rid):
                 assert not complete, f"PIPE-2: request {rid} produced nothing"
@@ -218,8 +257,10 @@ def run(build: Callable[[], PipelineMachine], settings: Settings) -> None:
     state_machines.run(build, settings)
 
 
-def machine_settings() -> Settings:
-    """Few examples and steps: every incarnation is an engine process."""
+def machine_settings(policies: int = 1) -> Settings:
+    """Few examples and steps: every incarnation is an engine process. With ``policies``
+    restart policies the examples are shared out, at least two each."""
     profile = profiles.active()
-    return profiles.suite_settings(max_examples=max(3, profile.max_examples // 5),
+    examples = max(3, profile.max_examples // 5)
+    return profiles.suite_settings(max_examples=max(2, examples // policies),
                                    stateful_step_count=max(10, profile.stateful_step_count // 2))

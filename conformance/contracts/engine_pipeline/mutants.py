@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import pickle
+import socket
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -25,6 +26,7 @@ import zmq
 from conformance.selfcheck.mutants import Mutant
 from reference_impl.engine_pipeline import (
     REFERENCE_CAPABILITIES,
+    AdoptingClient,
     HeartbeatClient,
     PipelineImplementation,
     wire,
@@ -153,6 +155,48 @@ class FifoUtilityClient(HeartbeatClient):
             frames = [zmq.Frame(bytes(memoryview(f).cast("B")))
                       for f in wire.Encoder().encode(message)]
         super()._on_output(frames, decoders)
+
+
+class AdoptsOldIncarnationClient(AdoptingClient):
+    """Adopts a replacement but keeps the dead incarnation's requests in flight: routing by
+    engine index alone, so that incarnation's late outputs are delivered."""
+
+    def _die(self, reason: str) -> None:
+        with self._state:
+            if self._dead is None and not self._closed:
+                self._stale_requests = dict(self._requests)
+        super()._die(reason)
+
+    def _complete_adoptions(self, poller: zmq.Poller) -> None:
+        super()._complete_adoptions(poller)
+        stale = getattr(self, "_stale_requests", None)
+        if stale and self._dead is None:
+            with self._state:
+                self._requests.update(stale)
+            self._stale_requests = {}
+
+
+class StartupDeathIgnoredClient(HeartbeatClient):
+    """``wait_ready()`` does not watch greeted engines: one that dies between HELLO and
+    READY is waited for until the ready deadline."""
+
+    def _startup_death(self) -> str | None:
+        return None
+
+
+class ProbeThenBindClient(HeartbeatClient):
+    """Picks each tcp port by binding a probe socket to port 0 and closing it, then binds
+    the port (vLLM #24756: another process may take it in between)."""
+
+    def _endpoints(self, addresses: str | Mapping[str, Any]) -> dict[str, str]:
+        if addresses != "tcp":
+            return super()._endpoints(addresses)
+        chosen: dict[str, str] = {}
+        for role in ("handshake", "input", "output"):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind(("127.0.0.1", 0))
+                chosen[role] = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        return chosen
 
 
 # -- engines -------------------------------------------------------------------
@@ -405,6 +449,9 @@ NO_READY_DEADLINE = _impl(client=NoReadyDeadlineClient)
 FIXED_IPC_PATH = _impl(client=FixedIpcPathClient)
 OLD_INCARNATION = _impl(client=OldIncarnationClient)
 FIFO_UTILITY = _impl(client=FifoUtilityClient)
+ADOPTS_OLD_INCARNATION = _impl(client=AdoptsOldIncarnationClient, restart="adopt")
+STARTUP_DEATH_IGNORED = _impl(client=StartupDeathIgnoredClient)
+PROBE_THEN_BIND = _impl(client=ProbeThenBindClient)
 CURVE_HANDSHAKE_ONLY = _impl(engine=HandshakeOnlyCurveEngine, client=HandshakeOnlyCurveClient)
 CURVE_AFTER_BIND = _impl(client=CurveAfterBindClient)
 ZAP_ALLOWS_EVERYONE = _impl(client=ZapAllowsEveryoneClient)
@@ -455,6 +502,15 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("pipe_utility_results_by_arrival", "FIFO_UTILITY",
        "utility results go to the oldest waiting call, so a late reply answers the next call",
        "PIPE-12"),
+    _m("pipe_adopted_with_old_incarnation_outputs", "ADOPTS_OLD_INCARNATION",
+       "restart adopt: the replacement is adopted but the dead incarnation's requests stay in "
+       "flight, so its late outputs are delivered", "PIPE-11"),
+    _m("pipe_startup_death_waits_for_deadline", "STARTUP_DEATH_IGNORED",
+       "wait_ready() does not watch greeted engines: an engine dead between HELLO and READY "
+       "is waited for until the ready deadline", "PIPE-5"),
+    _m("pipe_probe_then_bind_ports", "PROBE_THEN_BIND",
+       "the client probes a free tcp port (bind to 0, close) and binds it afterwards "
+       "(vLLM #24756)", "PIPE-10"),
     _m("pipe_curve_on_handshake_only", "CURVE_HANDSHAKE_ONLY",
        "CURVE on the handshake sockets only: the client's request ROUTER and output PULL "
        "(and the engine's DEALER and PUSH) are plain", "PIPE-13"),

@@ -16,6 +16,7 @@ or an impostor server.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket as _socket
@@ -73,8 +74,9 @@ class RawEngine:
             return None
         return wire.decode_handshake(self._hs.recv())
 
-    def join(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        """The whole handshake; returns the WELCOME (AssertionError if refused or silent)."""
+    def join(self, timeout_s: float = 5.0, *, say_ready: bool = True) -> dict[str, Any]:
+        """The whole handshake; returns the WELCOME (AssertionError if refused or silent).
+        With ``say_ready`` False it stops short of READY (an engine dying in startup)."""
         welcome = self.hello(timeout_s)
         assert welcome is not None, "the client never answered the suite engine's HELLO"
         assert welcome["status"] == "WELCOME", f"the client refused the suite engine: {welcome}"
@@ -84,8 +86,9 @@ class RawEngine:
         self.push = self._socket(zmq.PUSH)
         self.push.connect(str(welcome["output"]))
         self.dealer.send(b"")
-        self._hs.send(wire.encode_handshake({"status": "READY",
-                                             "engine_index": self.engine_index}))
+        if say_ready:
+            self._hs.send(wire.encode_handshake({"status": "READY",
+                                                 "engine_index": self.engine_index}))
         return welcome
 
     def intrude(self, input_address: str, output_address: str) -> None:
@@ -97,7 +100,10 @@ class RawEngine:
         self.dealer.connect(input_address)
         self.push = self._socket(zmq.PUSH)
         self.push.connect(output_address)
-        self.dealer.send(b"")
+        # NOBLOCK: a refused CURVE handshake may already have dropped the DEALER's only
+        # pipe, and a DEALER without a pipe blocks in send() forever (the stranger tried).
+        with contextlib.suppress(zmq.Again):
+            self.dealer.send(b"", zmq.NOBLOCK)
 
     def requests(self, timeout_s: float) -> list[list[bytes]]:
         """Request frame lists received within ``timeout_s`` (stops at the first pause)."""

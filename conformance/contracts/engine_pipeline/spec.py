@@ -41,7 +41,9 @@ class PipelineCapabilities:
         malformed_input: ``tolerate`` (hostile frames are dropped, the loop goes
             on) or ``fatal`` (the side dies visibly within the death bound).
         restart: ``none`` (after a death the client stays dead, with typed errors)
-            or ``adopt`` (it takes a replacement engine).
+            or ``adopt`` (it takes a replacement engine), or both as ``none,adopt``:
+            then the client factory takes the keyword option ``restart=POLICY``
+            (its default is the first) and the restart clause runs once per policy.
         max_message_bytes: the largest request ``add()`` accepts (encoded).
         authentication: CURVE, off by default and on when the suite passes keys: the
             client factory takes ``curve_server_secret_key`` and
@@ -59,6 +61,18 @@ class PipelineCapabilities:
     max_message_bytes: int = 64 << 20
     authentication: bool = False
 
+    @property
+    def restart_policies(self) -> tuple[str, ...]:
+        """The declared restart policies, the client's default first."""
+        return tuple(self.restart.split(","))
+
+    def restart_option(self, policy: str, clause: str) -> dict[str, Any]:
+        """The client options that select ``policy`` (skip ``clause`` if not declared):
+        nothing when it is the only one declared, else ``restart=policy``."""
+        if policy not in self.restart_policies:
+            pytest.skip(f"{clause}: restart={policy} not declared (restart: {self.restart})")
+        return {} if len(self.restart_policies) == 1 else {"restart": policy}
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, origin: str) -> PipelineCapabilities:
         known = {f.name for f in fields(cls)}
@@ -73,11 +87,16 @@ class PipelineCapabilities:
             value = values[f.name]
             merged[f.name] = _coerce(f.name, value, f.default, origin)
         caps = cls(**merged)
-        for name, allowed in (("wire", WIRE_PROFILES), ("malformed_input", MALFORMED_INPUT),
-                              ("restart", RESTART)):
+        for name, allowed in (("wire", WIRE_PROFILES), ("malformed_input", MALFORMED_INPUT)):
             if getattr(caps, name) not in allowed:
                 raise ConfigError(f"{origin}: {name} must be one of {', '.join(allowed)}, got "
                                   f"{getattr(caps, name)!r}")
+        policies = caps.restart.split(",")
+        if not policies or any(p not in RESTART for p in policies) \
+                or len(set(policies)) != len(policies):
+            raise ConfigError(f"{origin}: restart must be one of {', '.join(RESTART)}, or both "
+                              f"comma-separated (the first is the client's default), got "
+                              f"{caps.restart!r}")
         for name in ("death_bound_ms", "shutdown_bound_ms", "max_message_bytes"):
             if getattr(caps, name) <= 0:
                 raise ConfigError(f"{origin}: {name} must be positive")

@@ -8,6 +8,7 @@ and replaced; bounds are the declared ``death_bound_ms`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -25,6 +26,8 @@ from conformance.contracts.engine_pipeline.harness import (
     request_id,
 )
 from conformance.contracts.engine_pipeline.peers import RawEngine
+from conformance.contracts.engine_pipeline.squatter import PortSquatter, reported_but_free
+from conformance.errors import CallBlocked
 from conformance.testing.net import free_port
 from reference_impl.engine_pipeline import wire
 
@@ -136,6 +139,53 @@ def test_death_during_startup_ends_wait_ready(rig: Rig) -> None:
     took = time.monotonic() - started
     assert took <= rig.death_bound_s + SLACK_S, (
         f"PIPE-5: wait_ready() took {took:.2f} s to fail for an engine killed during startup")
+
+
+@pytest.mark.clause("PIPE-5")
+@pytest.mark.parametrize("how", ["sigkill", "exit0"])
+def test_death_between_hello_and_ready_ends_wait_ready(rig: Rig, how: str) -> None:
+    """An engine process greeted (HELLO answered, DEALER registered) that dies before READY:
+    ``wait_ready()`` fails within the death bound of the death, with an error. The engine
+    starts first (its HELLO waits for the client's bind), so the handshake takes
+    milliseconds of the ready deadline, four death bounds: waiting it out is no pass."""
+    ready_ms = 4 * rig.caps.death_bound_ms
+    port = free_port()
+    addresses = {"handshake": f"tcp://127.0.0.1:{port}", "input": "tcp://127.0.0.1:0",
+                 "output": "tcp://127.0.0.1:0"}
+    process = rig.engine_dying_in_startup(addresses["handshake"], how=how)
+    assert process.wait_line("CONNECTING", PROCESS_READY_S), (
+        f"PIPE-5: the dying engine process never started; {process.describe()}")
+    client = rig.client(addresses, clause="PIPE-5", ready_timeout_ms=ready_ms)
+    box: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            client.wait_ready()
+            box["value"] = "returned"
+        except BaseException as exc:
+            box["error"] = exc
+        box["at"] = time.monotonic()
+
+    waiter = threading.Thread(target=wait, daemon=True, name="wait_ready")
+    waiter.start()
+    assert process.wait_line("WELCOMED", ready_ms / 1000), (
+        f"PIPE-5: the client never answered the dying engine's HELLO; {process.describe()}")
+    if how == "sigkill":
+        died_at = process.kill().in_place_at
+    else:
+        assert process.exit_status(PROCESS_READY_S) == 0, process.describe()
+        died_at = time.monotonic()
+    waiter.join(ready_ms / 1000 + 5)
+    if waiter.is_alive():
+        raise CallBlocked("wait_ready()", ready_ms / 1000 + 5)
+    assert "error" in box, (f"PIPE-5: wait_ready() {box.get('value')} although the only "
+                            f"engine died ({how}) between its HELLO and its READY")
+    assert not isinstance(box["error"], AssertionError), box["error"]
+    took = box["at"] - died_at
+    assert took <= rig.death_bound_s + SLACK_S, (
+        f"PIPE-5: wait_ready() failed {took:.2f} s after the engine died ({how}) between HELLO "
+        f"and READY; death bound {rig.death_bound_s:.2f} s (ready deadline {ready_ms} ms): "
+        f"{type(box['error']).__name__}: {box['error']}")
 
 
 @pytest.mark.clause("PIPE-6")
@@ -265,7 +315,30 @@ def test_unknown_and_duplicate_engines_are_refused(rig: Rig) -> None:
 @pytest.mark.clause("PIPE-10")
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
 def test_concurrent_pipelines_never_collide(rig: Rig, transport: str) -> None:
-    pipes = [rig.pipeline(clause="PIPE-10", addresses=transport) for _ in range(2)]
+    """Two pipelines at once; on tcp, every port a client's Python socket frees while the
+    clients are built is taken by the suite at once (:mod:`..squatter`: the race of
+    probe-then-bind, vLLM #24756, made certain), and every address a client reports must
+    be held by then."""
+    squatter = PortSquatter()
+    with squatter if transport == "tcp" else contextlib.nullcontext():
+        try:
+            clients = [rig.client(transport, clause="PIPE-10") for _ in range(2)]
+        except AssertionError as exc:
+            if not squatter.taken:
+                raise
+            raise AssertionError(
+                f"PIPE-10: the client freed port(s) {squatter.taken} while it was being built "
+                "and, when the suite took them at once (as another process may), failed: it "
+                f"probes a free port and binds it later (vLLM #24756); {exc}") from exc
+    reported = [a for client in clients for a in client.addresses.values()]
+    free = [a for a in reported if reported_but_free(a)]
+    assert not free, (f"PIPE-10: the client reports {free} but does not hold them once built: "
+                      "anyone may take them before it binds (probe-then-bind, vLLM #24756)")
+    pipes = []
+    for client in clients:
+        process = rig.engine([client.handshake_address], clause="PIPE-10")
+        rig.ready(client, process, clause="PIPE-10")
+        pipes.append((client, process))
     addresses = [a for client, _ in pipes for a in client.addresses.values()]
     assert len(set(addresses)) == len(addresses), f"PIPE-10: shared addresses: {addresses}"
     if transport == "ipc":
@@ -313,9 +386,38 @@ def test_live_ipc_path_is_never_taken_over_and_stale_one_reused(rig: Rig) -> Non
     rig.collect(client2, [rid], clause="PIPE-10").check(rid, "PIPE-10", max_tokens=2)
 
 
+def _zombie_output(rig: Rig, client: Any, rid: str) -> None:
+    """Push, as engine 0, an output of request ``rid`` to the client's output socket: what a
+    dead incarnation's late or queued output looks like. Returns once the connection's
+    ZMTP handshake is done and the message is sent, so it reaches the client before
+    anything a live engine produces afterwards."""
+    push_to = client.addresses["output"] if hasattr(client, "addresses") else None
+    if push_to is None:
+        return
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    from reference_impl.engine_pipeline.model import token_of
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    monitor = push.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    rig.closers.append(push.close)
+    push.connect(push_to)
+    shaken = monitor.poll(5000) and recv_monitor_message(monitor)
+    push.disable_monitor()
+    monitor.close(linger=0)
+    assert shaken, f"PIPE-11: the suite could not connect to the client's output {push_to}"
+    out = wire.EngineOutputs(0, [wire.EngineOutput(rid, [token_of(rid, 99)])])
+    push.send(bytes(wire.Encoder().encode(out)[0]))
+
+
 @pytest.mark.clause("PIPE-11")
-def test_no_output_of_a_dead_incarnation(rig: Rig) -> None:
-    client, process = rig.pipeline(clause="PIPE-11", model={"stall_ms": 10})
+@pytest.mark.parametrize("policy", ["none", "adopt"])
+def test_no_output_of_a_dead_incarnation(rig: Rig, policy: str) -> None:
+    options = rig.caps.restart_option(policy, "PIPE-11")
+    client, process = rig.pipeline(clause="PIPE-11", model={"stall_ms": 10}, **options)
     rid = request_id("old")
     client.add(rid, [1], 100_000)
     streams = Streams()
@@ -323,8 +425,9 @@ def test_no_output_of_a_dead_incarnation(rig: Rig) -> None:
         streams.take(guarded("outputs()", lambda: client.outputs(200), 5.0))
     process.kill()
     _dead_within(client, rig.death_bound_s, "PIPE-11", "SIGKILL")
-    if rig.caps.restart == "adopt":
-        pytest.skip("PIPE-11: restart=adopt is not exercised by this suite yet")
+    if policy == "adopt":
+        _adopts_a_replacement(rig, client, rid)
+        return
     # A replacement under the same index: refused (restart none), and what it pushes is
     # never delivered.
     replacement = RawEngine(client.handshake_address, engine_index=0)
@@ -332,19 +435,7 @@ def test_no_output_of_a_dead_incarnation(rig: Rig) -> None:
     answer = replacement.hello(1.0)
     assert answer is None or answer.get("status") != "WELCOME", (
         "PIPE-11: a dead client (restart none) welcomed a replacement engine")
-    push_to = client.addresses["output"] if hasattr(client, "addresses") else None
-    if push_to is not None:
-        import zmq
-
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.connect(push_to)
-        rig.closers.append(push.close)
-        from reference_impl.engine_pipeline.model import token_of
-
-        out = wire.EngineOutputs(0, [wire.EngineOutput(rid, [token_of(rid, 99)])])
-        push.send(bytes(wire.Encoder().encode(out)[0]))
+    _zombie_output(rig, client, rid)
     time.sleep(0.3)
     try:
         late = guarded("outputs()", lambda: client.outputs(100), 5.0)
@@ -353,6 +444,46 @@ def test_no_output_of_a_dead_incarnation(rig: Rig) -> None:
     assert not late, (f"PIPE-11: after the engine's death the client delivered "
                       f"{len(late)} output(s) of a dead or foreign incarnation")
     _later_calls_raise_at_once(client, "PIPE-11")
+
+
+def _adopts_a_replacement(rig: Rig, client: Any, old_rid: str) -> None:
+    """restart adopt: dead with typed errors until a replacement engine (same index, a real
+    process) is adopted; a first replacement that dies between HELLO and READY is not
+    adopted and leaves the way free for the next; once adopted: alive, answering, and
+    nothing of the dead incarnation."""
+    _later_calls_raise_at_once(client, "PIPE-11")
+    doomed = rig.engine_dying_in_startup(client.handshake_address, how="exit0")
+    assert doomed.wait_line("CONNECTING", PROCESS_READY_S), doomed.describe()
+    assert doomed.wait_line("WELCOMED", PROCESS_READY_S), (
+        f"PIPE-11: restart adopt declared, but the dead client did not welcome a replacement "
+        f"engine; {doomed.describe()}")
+    assert doomed.exit_status(PROCESS_READY_S) == 0, doomed.describe()
+    assert not guarded("alive", lambda: client.alive, 5.0), (
+        "PIPE-11: a replacement that died before its READY was adopted")
+    replacement = rig.engine([client.handshake_address], clause="PIPE-11",
+                             model={"stall_ms": 10})
+    deadline = time.monotonic() + PROCESS_READY_S
+    while not guarded("alive", lambda: client.alive, 5.0):
+        assert replacement.running, (
+            f"PIPE-11: the replacement engine ended instead of being adopted; "
+            f"{replacement.describe()}")
+        assert time.monotonic() < deadline, (
+            f"PIPE-11: restart adopt declared, but a replacement engine was not adopted "
+            f"within {PROCESS_READY_S:.0f} s; {replacement.describe()}")
+        time.sleep(0.02)
+    _zombie_output(rig, client, old_rid)
+    rid = request_id("adopted")
+    guarded("add()", lambda: client.add(rid, [1], 10), 5.0)
+    streams = rig.collect(client, [rid], clause="PIPE-11")
+    streams.take(guarded("outputs()", lambda: client.outputs(100), 5.0))
+    foreign = sorted(set(streams.outputs) - {rid})
+    assert not foreign, (f"PIPE-11: after adopting a replacement the client delivered outputs "
+                         f"of the dead incarnation's request(s) {foreign}")
+    streams.check(rid, "PIPE-11", max_tokens=10)
+    value = guarded("call()", lambda: client.call("pid", timeout_ms=5000), 8.0)
+    assert value == replacement.pid, (
+        f"PIPE-11: a utility call after the adoption was answered by pid {value!r}, not by "
+        f"the replacement (pid {replacement.pid})")
 
 
 @pytest.mark.clause("PIPE-12")
