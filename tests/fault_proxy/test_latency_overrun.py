@@ -127,8 +127,10 @@ def test_without_the_probe_the_same_schedule_is_the_old_false_hb2(
 
 
 def test_the_probe_measures_the_configured_latency(paused_server: Toxiproxy) -> None:
-    """Unloaded, the probe sees about the toxic's delay (within 50 ms), and a pause
-    of the server shows up in its reading even before the late records arrive."""
+    """The probe sees at least the toxic's delay and not more than the server's
+    worst measured lateness under load (225 ms) allows, where a probe that aged
+    records from its start would read 360 ms or more; a pause of the server shows
+    up in its reading even before the late records arrive."""
     probe = DelayProbe(paused_server, latency_ms=60, jitter_ms=0).start()
     try:
         deadline = time.monotonic() + 5.0
@@ -136,7 +138,7 @@ def test_the_probe_measures_the_configured_latency(paused_server: Toxiproxy) -> 
             assert time.monotonic() < deadline, "the probe never saw the toxic's delay"
             time.sleep(0.01)
         time.sleep(0.3)
-        assert 60 <= probe.worst_delay_ms() < 60 + 50 + _PAUSE_S * 1000 / 10
+        assert 60 <= probe.worst_delay_ms() < 60 + 290
         assert paused_server.lease is not None and paused_server.lease.process is not None
         paused_server.lease.process.send_signal(signal.SIGSTOP)
         try:
