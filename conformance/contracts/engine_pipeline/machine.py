@@ -50,6 +50,7 @@ from conformance.contracts.engine_pipeline.harness import (
     request_id,
 )
 from conformance.contracts.engine_pipeline.spec import PipelineSpec
+from conformance.errors import RunError
 from conformance.testing import state_machines
 from reference_impl.engine_pipeline.wire import FinishReason
 
@@ -185,11 +186,17 @@ class PipelineMachine(RuleBasedStateMachine):
     @rule()
     def pause(self) -> None:
         inc = self._inc
-        inc.process.pause()
+        fault = inc.process.pause()
         time.sleep(PAUSE_MS / 1000)  # the fault's length, not a synchronisation
         inc.process.resume()
-        assert inc.client.alive, (f"PIPE-5: a {PAUSE_MS} ms pause of the engine was taken for a "
-                                  "death (false death)")
+        lasted = fault.duration_ms or 0.0
+        if not inc.client.alive and lasted > 2 * PAUSE_MS:
+            # The host, not the implementation, stretched the pause (an overloaded
+            # machine): a death after a stop this long is no verdict either way.
+            raise RunError(f"PIPE-5: the engine's {PAUSE_MS} ms pause lasted {lasted:.0f} ms "
+                           "on this host (overloaded), and the client then saw a death")
+        assert inc.client.alive, (f"PIPE-5: a {PAUSE_MS} ms pause of the engine (measured "
+                                  f"{lasted:.0f} ms) was taken for a death (false death)")
 
     @precondition(_alive)
     @rule()
