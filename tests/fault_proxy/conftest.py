@@ -1,17 +1,26 @@
-"""Fixtures for the toxiproxy tests: the worker's toxiproxy handle and a TCP echo server."""
+"""Fixtures for the toxiproxy tests: the worker's toxiproxy handle, a TCP echo server,
+the real toxiproxy-server binary, and a server of one test's own (embedded or real)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from chaos.fixtures import toxiproxy, toxiproxy_reset
+from chaos.launcher import BINARY, ENV_SERVER, start_binary
+from chaos.proxy import Toxiproxy
 
-__all__ = ["echo_server", "toxiproxy", "toxiproxy_reset"]
+__all__ = ["echo_server", "own_server", "real_binary", "toxiproxy", "toxiproxy_reset"]
+
+#: Where CI puts the real server: ``../shared/toxiproxy/`` beside the checkout.
+_SHARED_COPY = Path(__file__).resolve().parents[2].parent / "shared" / "toxiproxy" / BINARY
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,3 +99,34 @@ def echo_server() -> Iterator[EchoServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def real_binary() -> str:
+    """The real toxiproxy-server: ``$TOXIPROXY_SERVER``, else on ``PATH``, else the
+    shared copy beside the checkout; the test is skipped when there is none."""
+    configured = os.environ.get(ENV_SERVER, "").strip()
+    if configured:
+        return configured
+    on_path = shutil.which(BINARY)
+    if on_path:
+        return on_path
+    if os.access(_SHARED_COPY, os.X_OK):
+        return str(_SHARED_COPY)
+    pytest.skip(f"no real {BINARY}: set {ENV_SERVER}, put it on PATH, or provide "
+                f"../shared/toxiproxy/{BINARY} beside the checkout")
+
+
+@pytest.fixture(params=["embedded", "binary"])
+def own_server(request: pytest.FixtureRequest) -> Iterator[Toxiproxy]:
+    """A server of this test alone (the test may pause or kill it), embedded or the
+    real binary; stopped at the end."""
+    if request.param == "binary":
+        lease = start_binary(request.getfixturevalue("real_binary"))
+        handle = Toxiproxy(lease.host, lease.port, lease=lease)
+    else:
+        handle = Toxiproxy.start("embedded")
+    try:
+        yield handle
+    finally:
+        handle.stop()

@@ -14,16 +14,11 @@ test starts its own server (it is paused), the embedded one and the real
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from chaos.launcher import BINARY, ENV_SERVER, start_binary
 from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p import chaos_machine
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
@@ -38,37 +33,10 @@ from reference_impl import ZmqTransport
 
 pytestmark = pytest.mark.chaos
 
-_SHARED_COPY = Path(__file__).resolve().parents[2].parent / "shared" / "toxiproxy" / BINARY
-
 #: How long the server is paused: the heartbeat timeout plus two intervals.
 _PAUSE_S = (SUITE_HEARTBEAT_TIMEOUT_MS + 2 * SUITE_HEARTBEAT_IVL_MS) / 1000
 
 
-def _binary() -> str | None:
-    configured = os.environ.get(ENV_SERVER, "").strip()
-    if configured:
-        return configured
-    found = shutil.which(BINARY)
-    if found:
-        return found
-    return str(_SHARED_COPY) if os.access(_SHARED_COPY, os.X_OK) else None
-
-
-@pytest.fixture(params=["embedded", "binary"])
-def paused_server(request: pytest.FixtureRequest) -> Iterator[Toxiproxy]:
-    """A server of this test alone (it gets paused), embedded or the real binary."""
-    if request.param == "binary":
-        binary = _binary()
-        if binary is None:
-            pytest.skip(f"no real {BINARY} (set {ENV_SERVER} or put one on PATH)")
-        lease = start_binary(binary)
-        handle = Toxiproxy(lease.host, lease.port, lease=lease)
-    else:
-        handle = Toxiproxy.start("embedded")
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 def _pause(server: Toxiproxy, seconds: float) -> None:
@@ -101,10 +69,10 @@ def _late_proxy_schedule(machine: ChaosMachine, server: Toxiproxy) -> None:
     machine.connections_alive_as_modelled()
 
 
-def test_a_proxy_overrunning_its_latency_is_noted_not_judged(paused_server: Toxiproxy) -> None:
-    machine = ChaosMachine(make_spec(ZmqTransport), paused_server)
+def test_a_proxy_overrunning_its_latency_is_noted_not_judged(own_server: Toxiproxy) -> None:
+    machine = ChaosMachine(make_spec(ZmqTransport), own_server)
     try:
-        _late_proxy_schedule(machine, paused_server)
+        _late_proxy_schedule(machine, own_server)
     finally:
         machine.teardown()
     assert len(machine.proxy_overruns) == 1, machine.proxy_overruns
@@ -112,26 +80,26 @@ def test_a_proxy_overrunning_its_latency_is_noted_not_judged(paused_server: Toxi
 
 
 def test_without_the_probe_the_same_schedule_is_the_old_false_hb2(
-    paused_server: Toxiproxy, monkeypatch: pytest.MonkeyPatch
+    own_server: Toxiproxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: the probe's slack made huge, so no overrun is ever seen."""
     monkeypatch.setattr(chaos_machine, "PROXY_SLACK_MS", -10 * SUITE_HEARTBEAT_TIMEOUT_MS)
-    machine = ChaosMachine(make_spec(ZmqTransport), paused_server)
+    machine = ChaosMachine(make_spec(ZmqTransport), own_server)
     try:
         with pytest.raises(Violation) as caught:
-            _late_proxy_schedule(machine, paused_server)
+            _late_proxy_schedule(machine, own_server)
     finally:
         machine.teardown()
     assert caught.value.clause == "HB-2"
     assert machine.proxy_overruns == []
 
 
-def test_the_probe_measures_the_configured_latency(paused_server: Toxiproxy) -> None:
+def test_the_probe_measures_the_configured_latency(own_server: Toxiproxy) -> None:
     """The probe sees at least the toxic's delay and not more than the server's
     worst measured lateness under load (225 ms) allows, where a probe that aged
     records from its start would read 360 ms or more; a pause of the server shows
     up in its reading even before the late records arrive."""
-    probe = DelayProbe(paused_server, latency_ms=60, jitter_ms=0).start()
+    probe = DelayProbe(own_server, latency_ms=60, jitter_ms=0).start()
     try:
         deadline = time.monotonic() + 5.0
         while probe.worst_delay_ms() < 60:
@@ -139,13 +107,13 @@ def test_the_probe_measures_the_configured_latency(paused_server: Toxiproxy) -> 
             time.sleep(0.01)
         time.sleep(0.3)
         assert 60 <= probe.worst_delay_ms() < 60 + 290
-        assert paused_server.lease is not None and paused_server.lease.process is not None
-        paused_server.lease.process.send_signal(signal.SIGSTOP)
+        assert own_server.lease is not None and own_server.lease.process is not None
+        own_server.lease.process.send_signal(signal.SIGSTOP)
         try:
             time.sleep(0.4)
             paused = probe.worst_delay_ms()
         finally:
-            paused_server.lease.process.send_signal(signal.SIGCONT)
+            own_server.lease.process.send_signal(signal.SIGCONT)
         assert paused >= 400, f"a 400 ms pause read as {paused:.0f} ms"
     finally:
         probe.close()

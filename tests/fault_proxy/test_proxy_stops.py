@@ -13,19 +13,16 @@ false verdict a fresh-clone CI run once reported 5 of 5 times.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from chaos.launcher import BINARY, ENV_SERVER, start_binary
+from chaos.launcher import BINARY, start_binary
 from chaos.proxy import FaultProxyStopped, Toxiproxy
 from conformance.config import profiles
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
@@ -35,36 +32,6 @@ from conformance.contracts.p2p.spec import TransportSpec, make_spec
 from conformance.errors import RUN_ERROR_PREFIX
 from reference_impl import ZmqTransport
 from tests.plugin_project import load_json, make_project, run_cli
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-_SHARED_COPY = _REPO_ROOT.parent / "shared" / "toxiproxy" / BINARY
-
-
-def _real_binary() -> str | None:
-    configured = os.environ.get(ENV_SERVER, "").strip()
-    if configured:
-        return configured
-    on_path = shutil.which(BINARY)
-    if on_path:
-        return on_path
-    return str(_SHARED_COPY) if os.access(_SHARED_COPY, os.X_OK) else None
-
-
-@pytest.fixture(params=["embedded", "binary"])
-def own_server(request: pytest.FixtureRequest) -> Iterator[Toxiproxy]:
-    """A server of this test alone (it gets killed), embedded or the real binary."""
-    if request.param == "binary":
-        binary = _real_binary()
-        if binary is None:
-            pytest.skip(f"no real {BINARY} (set {ENV_SERVER} or put one on PATH)")
-        lease = start_binary(binary)
-        handle = Toxiproxy(lease.host, lease.port, lease=lease)
-    else:
-        handle = Toxiproxy.start("embedded")
-    try:
-        yield handle
-    finally:
-        handle.stop()
 
 
 def _kill(handle: Toxiproxy) -> None:
@@ -152,15 +119,14 @@ class _Pump:
         self.listener.close()
 
 
-def test_the_real_servers_remove_toxic_deadlock_is_a_run_error_naming_it() -> None:
+def test_the_real_servers_remove_toxic_deadlock_is_a_run_error_naming_it(
+    real_binary: str,
+) -> None:
     """What stopped the real server in CI: toxiproxy-server 2.x's RemoveToxic never
     returns while the toxic's reader is stalled (a SIGSTOPped node does not read), and
     that proxy's API stays wedged after the reader resumes (Shopify/toxiproxy#558).
     A heal that hangs this way is a run error naming the server, still running."""
-    binary = _real_binary()
-    if binary is None:
-        pytest.skip(f"no real {BINARY} (set {ENV_SERVER} or put one on PATH)")
-    lease = start_binary(binary)
+    lease = start_binary(real_binary)
     handle = Toxiproxy(lease.host, lease.port, lease=lease)
     pump = _Pump()
     try:

@@ -28,41 +28,25 @@ import errno
 import itertools
 import os
 import re
-import shutil
 import socket
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import requests
 
-from chaos.launcher import BINARY, ENV_SERVER, ServerLease, launch, start_binary
+from chaos.launcher import ServerLease, launch, start_binary
 
 pytestmark = pytest.mark.chaos
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-_SHARED_COPY = _REPO_ROOT.parent / "shared" / "toxiproxy" / BINARY
 _HTTP_TIMEOUT_S = 10.0
 _IO_TIMEOUT_S = 10.0
 _TIMING_TOLERANCE = 0.20
 _TRIALS = 3
 _CLOSE = b"__close__"  # the echo server closes the connection on reading exactly this
-
-
-def _real_binary() -> str | None:
-    configured = os.environ.get(ENV_SERVER, "").strip()
-    if configured:
-        return configured
-    on_path = shutil.which(BINARY)
-    if on_path:
-        return on_path
-    if os.access(_SHARED_COPY, os.X_OK):
-        return str(_SHARED_COPY)
-    return None
 
 
 class _Echo:
@@ -104,15 +88,9 @@ class _Server:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[_Server, _Server]]:
+def servers(real_binary: str) -> Iterator[tuple[_Server, _Server]]:
     """(real, embedded), both started here and stopped at the module's end."""
-    binary = _real_binary()
-    if binary is None:
-        pytest.skip(
-            f"no real {BINARY}: set {ENV_SERVER}, put it on PATH, or provide "
-            f"../shared/toxiproxy/{BINARY} beside the checkout"
-        )
-    real = _Server("real", start_binary(binary))
+    real = _Server("real", start_binary(real_binary))
     try:
         embedded = _Server("embedded", launch("embedded"))
         try:
