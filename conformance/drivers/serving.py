@@ -26,7 +26,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Final
 
-__all__ = ["Handles", "Refused", "Service", "accepts", "declared", "stats_of", "target_name"]
+__all__ = [
+    "Handles", "Refused", "Service", "TwoSidedService", "accepts", "declared", "stats_of",
+    "target_name",
+]
 
 _CAPABILITIES: Final = "zmq_conformance_capabilities"
 
@@ -151,6 +154,38 @@ class Service:
             reply = getattr(exc, "reply", None)
             body["reply"] = reply if isinstance(reply, dict) else {}
         return body
+
+
+class TwoSidedService(Service):
+    """A contract whose implementation object has two side factories (control's
+    ``server``/``client``, the engine pipeline's ``engine``/``client``): the
+    :attr:`constructors`. The target is that object, or a zero-argument callable
+    returning one; one with neither side is refused at once. The hello names the
+    sides it has."""
+
+    #: The contract's name in a refusal ("no control implementation").
+    family: ClassVar[str] = ""
+
+    def __init__(self, contract: str, target: Any) -> None:
+        sides = self.constructors
+        if not any(hasattr(target, side) for side in sides) and callable(target):
+            try:
+                target = target()
+            except Exception as exc:
+                raise Refused("unsupported", f"{target_name(target)} is no {self.family} "
+                                             f"implementation: calling it for one raised "
+                                             f"{type(exc).__name__}: {exc}") from None
+        if all(getattr(target, side, None) is None for side in sides):
+            named = " nor ".join(f"{'an' if side[0] in 'aeiou' else 'a'} {side!r}"
+                                 for side in sides)
+            raise Refused("unsupported", f"{target_name(target)} has neither {named} factory")
+        super().__init__(contract, target)
+
+    def hello(self) -> dict[str, Any]:
+        answer = super().hello()
+        answer["sides"] = [s for s in self.constructors
+                           if getattr(self.target, s, None) is not None]
+        return answer
 
 
 def _address_in_use(exc: BaseException) -> bool:

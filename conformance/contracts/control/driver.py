@@ -20,7 +20,7 @@ from conformance.drivers.behaviours import Request, StandardHandler
 from conformance.drivers.process import DriverCrashed
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature
-from conformance.drivers.serving import Refused, Service, declared, target_name
+from conformance.drivers.serving import Refused, TwoSidedService, declared
 from conformance.errors import ConfigError
 from conformance.supervision import watchdog
 from reference_impl.control.interface import ClientClosed, RequestRejected, RequestTimeout
@@ -204,33 +204,19 @@ class _ServedServer:
         return log
 
 
-class ControlService(Service):
+class ControlService(TwoSidedService):
     """The Python driver's side of ``control``: the ``server`` and ``client`` factories."""
 
     constructors = ("server", "client")
+    family = "control"
     error_kinds = (
         (RequestRejected, "rejected"),
         ((RequestTimeout, TimeoutError), "timeout"),
         (ClientClosed, "closed"),
     )
 
-    def __init__(self, contract: str, target: Any) -> None:
-        if not (hasattr(target, "server") or hasattr(target, "client")) and callable(target):
-            try:
-                target = target()
-            except Exception as exc:
-                raise Refused("unsupported", f"{target_name(target)} is no control "
-                                             f"implementation: calling it for one raised "
-                                             f"{type(exc).__name__}: {exc}") from None
-        if all(getattr(target, side, None) is None for side in ("server", "client")):
-            raise Refused("unsupported", f"{target_name(target)} has neither a 'server' "
-                                         "nor a 'client' factory")
-        super().__init__(contract, target)
-
     def hello(self) -> dict[str, Any]:
         answer = super().hello()
-        answer["sides"] = [s for s in ("server", "client")
-                           if getattr(self.target, s, None) is not None]
         server = getattr(self.target, "server", None)
         answer["capabilities"] = declared(server) if server is not None else {}
         return answer

@@ -45,7 +45,7 @@ from conformance.drivers import process as processes
 from conformance.drivers.process import DriverProcess, DriverReplyError
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, to_exception
-from conformance.drivers.serving import Refused, Service, target_name
+from conformance.drivers.serving import Refused, TwoSidedService
 from conformance.errors import CallBlocked, ConfigError
 from conformance.supervision import watchdog
 from reference_impl.engine_pipeline.client import RequestOutput
@@ -485,11 +485,12 @@ class DriverClientHost(_DriverHost):
 # -- the Python driver's side ------------------------------------------------------------
 
 
-class PipelineService(Service):
+class PipelineService(TwoSidedService):
     """The Python driver's side of ``engine-pipeline``: engines serving in this process,
     clients behind handles, utility calls as tickets."""
 
     constructors = ("engine", "client")
+    family = "engine-pipeline"
     error_kinds = (
         (EngineDead, "dead_engine"),
         (ClientClosed, "closed"),
@@ -501,24 +502,12 @@ class PipelineService(Service):
     )
 
     def __init__(self, contract: str, target: Any) -> None:
-        if not (hasattr(target, "engine") or hasattr(target, "client")) and callable(target):
-            try:
-                target = target()
-            except Exception as exc:
-                raise Refused("unsupported", f"{target_name(target)} is no engine-pipeline "
-                                             f"implementation: calling it for one raised "
-                                             f"{type(exc).__name__}: {exc}") from None
-        if all(getattr(target, side, None) is None for side in ("engine", "client")):
-            raise Refused("unsupported", f"{target_name(target)} has neither an 'engine' "
-                                         "nor a 'client' factory")
         super().__init__(contract, target)
         self._tickets: dict[int, Future[Any]] = {}
         self._ticket_ids = itertools.count(1)
 
     def hello(self) -> dict[str, Any]:
         answer = super().hello()
-        answer["sides"] = [s for s in ("engine", "client")
-                           if getattr(self.target, s, None) is not None]
         declared = getattr(self.target, "capabilities", None)
         answer["capabilities"] = dict(declared) if isinstance(declared, Mapping) else {}
         return answer
