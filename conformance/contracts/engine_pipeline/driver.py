@@ -41,6 +41,7 @@ from typing import Any, ClassVar, Final
 import msgspec
 import numpy as np
 
+from conformance.contracts.engine_pipeline.faults import ProcessFaults
 from conformance.drivers import process as processes
 from conformance.drivers.process import DriverProcess, DriverReplyError
 from conformance.drivers.protocol import Hello
@@ -338,7 +339,7 @@ class DriverClient(Remote):
 # -- the suite's side: driver processes as engine processes ------------------------------
 
 
-class _DriverHost:
+class _DriverHost(ProcessFaults):
     """A driver process the suite faults and judges as a process (the harness's
     ``EngineProcess`` interface): signals go to the driver's pid."""
 
@@ -364,42 +365,11 @@ class _DriverHost:
     def wait_line(self, text: str, timeout_s: float) -> bool:
         raise NotImplementedError
 
-    def _fault(self, kind: Any, started: float) -> Any:
-        from chaos.process_faults import ProcessFault
+    def _signal(self, sig: signal.Signals) -> None:
+        self._process.signal(sig)
 
-        fault = ProcessFault(kind, self.name, self.pid, started, time.monotonic())
-        self.faults.append(fault)
-        return fault
-
-    def kill(self) -> Any:
-        """SIGKILL; ``in_place_at`` is when the process is gone (reaped)."""
-        started = time.monotonic()
-        self._process.signal(signal.SIGKILL)
-        self._process.exit_status(10)
-        return self._fault("kill", started)
-
-    def pause(self) -> Any:
-        """SIGSTOP; ``in_place_at`` is when the kernel reports the process stopped."""
-        started = time.monotonic()
-        self._process.signal(signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while self._process.state() == "running" and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return self._fault("pause", started)
-
-    def resume(self) -> None:
-        if self.running:
-            self._process.signal(signal.SIGCONT)
-        for fault in self.faults:
-            if fault.kind == "pause" and fault.active:
-                fault.ended_at = time.monotonic()
-
-    def terminate(self) -> float:
-        """SIGTERM; returns when it was sent."""
-        sent = time.monotonic()
-        if self.running:
-            self._process.signal(signal.SIGTERM)
-        return sent
+    def _stopped(self) -> bool:
+        return self._process.state() != "running"
 
     def stderr_tail(self, chars: int = 1500) -> str:
         """The last ``chars`` characters of the driver's stderr (its whole log if less)."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from chaos.process_faults import ProcessFault
+from conformance.contracts.engine_pipeline.faults import ProcessFaults
 from conformance.contracts.engine_pipeline.spec import PipelineSpec, factory_path
 from conformance.errors import CallBlocked
 from conformance.supervision.lifeline import preexec
@@ -94,7 +95,7 @@ def guarded(what: str, call: Callable[[], T], limit_s: float) -> T:
     return value
 
 
-class EngineProcess:
+class EngineProcess(ProcessFaults):
     """One engine under test in a process of its own (see the module docstring)."""
 
     def __init__(self, factory: Callable[..., Any] | str, addresses: Sequence[str], *,
@@ -144,40 +145,11 @@ class EngineProcess:
         reader.join(timeout_s)
         return bool(box) and box[0].strip().decode() == text
 
-    def _fault(self, kind: Any, started: float) -> ProcessFault:
-        fault = ProcessFault(kind, self.name, self.pid, started, time.monotonic())
-        self.faults.append(fault)
-        return fault
+    def _signal(self, sig: signal.Signals) -> None:
+        self.popen.send_signal(sig)  # nothing once the process is reaped
 
-    def kill(self) -> ProcessFault:
-        """SIGKILL; ``in_place_at`` is when the process is gone (reaped)."""
-        started = time.monotonic()
-        self.popen.kill()
-        self.popen.wait(10)
-        return self._fault("kill", started)
-
-    def pause(self) -> ProcessFault:
-        """SIGSTOP; ``in_place_at`` is when the kernel reports the process stopped."""
-        started = time.monotonic()
-        os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while _state(self.pid) not in ("T", "t", None) and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return self._fault("pause", started)
-
-    def resume(self) -> None:
-        if self.running:
-            os.kill(self.pid, signal.SIGCONT)
-        for fault in self.faults:
-            if fault.kind == "pause" and fault.active:
-                fault.ended_at = time.monotonic()
-
-    def terminate(self) -> float:
-        """SIGTERM; returns when it was sent."""
-        sent = time.monotonic()
-        if self.running:
-            self.popen.send_signal(signal.SIGTERM)
-        return sent
+    def _stopped(self) -> bool:
+        return _state(self.pid) in ("T", "t", None)
 
     def stderr_tail(self, chars: int = 1500) -> str:
         self._stderr.flush()
