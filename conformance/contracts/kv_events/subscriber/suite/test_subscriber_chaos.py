@@ -112,6 +112,29 @@ def _proxied(toxiproxy: Toxiproxy, proxies: list[Proxy]
     return through_proxies
 
 
+@contextlib.contextmanager
+def _authenticated_session(
+    spec: SubscriberSpec, toxiproxy: Toxiproxy
+) -> Iterator[tuple[Session, list[Proxy], list[int]]]:
+    """An EVS-10 session over CURVE whose endpoints go through proxies (destroyed at the
+    end), with the fake publisher's first batches delivered: ``(session, proxies, their
+    seqs)``. Skipped unless the subscriber declares authentication."""
+    _require_authentication(spec)
+    creds = SuiteCredentials.generate()
+    proxies: list[Proxy] = []
+    try:
+        with Session(spec, clause="EVS-10", route=_proxied(toxiproxy, proxies),
+                     fake_secure=as_server(creds.server), **creds.client_kwargs()) as s:
+            s.subscribed()
+            before = [s.fake.publish() for _ in range(_AUTH_BATCHES)]
+            s.drive_until(lambda: s.seqs() == before, timeout=5.0,
+                          what="the batches before the partition (over CURVE)")
+            yield s, proxies, before
+    finally:
+        for proxy in proxies:
+            proxy.destroy()
+
+
 @pytest.mark.clause("EVS-10")
 @pytest.mark.chaos
 def test_authenticated_subscriber_heals_gap_free_after_a_partition(
@@ -119,29 +142,17 @@ def test_authenticated_subscriber_heals_gap_free_after_a_partition(
 ) -> None:
     """EVS-7 with CURVE on: the handshakes after the heal are authenticated ones, and the
     batches missed during the partition still arrive within the same bound."""
-    _require_authentication(kv_subscriber_spec)
-    creds = SuiteCredentials.generate()
-    proxies: list[Proxy] = []
-    try:
-        with Session(kv_subscriber_spec, clause="EVS-10", route=_proxied(toxiproxy, proxies),
-                     fake_secure=as_server(creds.server), **creds.client_kwargs()) as s:
-            s.subscribed()
-            fake = s.fake
-            before = [fake.publish() for _ in range(_AUTH_BATCHES)]
-            s.drive_until(lambda: s.seqs() == before, timeout=5.0,
-                          what="the batches before the partition (over CURVE)")
-            with _partitioned(*proxies):
-                during = [fake.publish() for _ in range(5)]
-                s.drive_for(PARTITION_S)
-            s.subscribed(count=2, timeout=HEAL_BOUND_S)
-            expected = [*before, *during, fake.publish()]
-            s.drive_until(lambda: len(s.delivered) >= len(expected), timeout=HEAL_BOUND_S,
-                          what="the batches published during the partition, over CURVE")
-            s.drive_for(0.05)
-            s.check_delivered([(seq, fake.batches[seq]) for seq in expected])
-    finally:
-        for proxy in proxies:
-            proxy.destroy()
+    with _authenticated_session(kv_subscriber_spec, toxiproxy) as (s, proxies, before):
+        fake = s.fake
+        with _partitioned(*proxies):
+            during = [fake.publish() for _ in range(5)]
+            s.drive_for(PARTITION_S)
+        s.subscribed(count=2, timeout=HEAL_BOUND_S)
+        expected = [*before, *during, fake.publish()]
+        s.drive_until(lambda: len(s.delivered) >= len(expected), timeout=HEAL_BOUND_S,
+                      what="the batches published during the partition, over CURVE")
+        s.drive_for(0.05)
+        s.check_delivered([(seq, fake.batches[seq]) for seq in expected])
 
 
 @pytest.mark.clause("EVS-10")
@@ -153,43 +164,31 @@ def test_publisher_restarted_behind_a_partition(
     """Same keys: the new incarnation's batches are delivered after the heal. A new server
     key: the subscriber, pinning the old one, delivers nothing of it and completes no
     handshake with it (no subscription, no replay request reaches it)."""
-    _require_authentication(kv_subscriber_spec)
-    creds = SuiteCredentials.generate()
-    proxies: list[Proxy] = []
-    try:
-        with Session(kv_subscriber_spec, clause="EVS-10", route=_proxied(toxiproxy, proxies),
-                     fake_secure=as_server(creds.server), **creds.client_kwargs()) as s:
-            s.subscribed()
-            fake = s.fake
-            before = [fake.publish() for _ in range(_AUTH_BATCHES)]
-            s.drive_until(lambda: s.seqs() == before, timeout=5.0,
-                          what="the batches before the partition (over CURVE)")
-            with _partitioned(*proxies):
-                if keys == "new":
-                    fake.secure = as_server(KeyPair.generate())
-                fake.restart(salt=1)
-                earlier_requests = len(fake.requests)
-                s.drive_for(PARTITION_S)
-            if keys == "same":
-                s.subscribed(timeout=HEAL_BOUND_S)
-                seqs = [fake.publish() for _ in range(_AUTH_BATCHES)]
-                s.drive_until(lambda: s.seqs()[-_AUTH_BATCHES:] == seqs, timeout=HEAL_BOUND_S,
-                              what="the batches of the publisher restarted behind a partition "
-                              "with the same keys")
-                return
-            deadline = time.monotonic() + NEW_KEY_WINDOW_S
-            while time.monotonic() < deadline:
-                fake.publish()
-                s.drive_for(0.05)
-            late = s.delivered[len(before):]
-            assert not late, (
-                f"EVS-10: the subscriber delivered {len(late)} batches of the publisher "
-                "restarted with a new server key, although it pins the old one")
-            new_requests = len(fake.requests) - earlier_requests
-            assert not fake.subscriptions and not new_requests, (
-                "EVS-10: the subscriber completed a handshake with the publisher restarted with "
-                f"a new server key ({fake.subscriptions} subscriptions, {new_requests} replay "
-                "requests reached it)")
-    finally:
-        for proxy in proxies:
-            proxy.destroy()
+    with _authenticated_session(kv_subscriber_spec, toxiproxy) as (s, proxies, before):
+        fake = s.fake
+        with _partitioned(*proxies):
+            if keys == "new":
+                fake.secure = as_server(KeyPair.generate())
+            fake.restart(salt=1)
+            earlier_requests = len(fake.requests)
+            s.drive_for(PARTITION_S)
+        if keys == "same":
+            s.subscribed(timeout=HEAL_BOUND_S)
+            seqs = [fake.publish() for _ in range(_AUTH_BATCHES)]
+            s.drive_until(lambda: s.seqs()[-_AUTH_BATCHES:] == seqs, timeout=HEAL_BOUND_S,
+                          what="the batches of the publisher restarted behind a partition "
+                          "with the same keys")
+            return
+        deadline = time.monotonic() + NEW_KEY_WINDOW_S
+        while time.monotonic() < deadline:
+            fake.publish()
+            s.drive_for(0.05)
+        late = s.delivered[len(before):]
+        assert not late, (
+            f"EVS-10: the subscriber delivered {len(late)} batches of the publisher "
+            "restarted with a new server key, although it pins the old one")
+        new_requests = len(fake.requests) - earlier_requests
+        assert not fake.subscriptions and not new_requests, (
+            "EVS-10: the subscriber completed a handshake with the publisher restarted with "
+            f"a new server key ({fake.subscriptions} subscriptions, {new_requests} replay "
+            "requests reached it)")
