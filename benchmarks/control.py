@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -152,17 +153,17 @@ def _raw_router_round_trips(seconds: float) -> float:
     return _raw_loop(seconds, zmq.ROUTER, _answer_router, zmq.DEALER, round_trip)
 
 
-def _reference_round_trips(seconds: float, per_cpu_second: bool = False) -> float:
-    """The same loop through the reference client and server (``per_cpu_second``: as in
-    :func:`_raw_loop`)."""
-    from conformance.testing.net import free_port
-    from reference_impl.control import ControlClient, ControlServer
+@contextmanager
+def reference_server(endpoint: str, handlers: Mapping[str, Callable[[Any], Any]],
+                     **options: Any) -> Iterator[None]:
+    """The reference ``ControlServer`` bound at ``endpoint`` with ``handlers`` (and
+    ``options``), serving in a thread of its own until the block ends."""
+    from reference_impl.control import ControlServer
 
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
     ready, stop = threading.Event(), threading.Event()
 
     def serve() -> None:
-        server = ControlServer(endpoint, {"ECHO": lambda r: {"nonce": r.get("nonce")}})
+        server = ControlServer(endpoint, handlers, **options)
         ready.set()
         try:
             while not stop.is_set():
@@ -173,20 +174,33 @@ def _reference_round_trips(seconds: float, per_cpu_second: bool = False) -> floa
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     ready.wait(5)
-    client = ControlClient(endpoint)
-    count = 0
     try:
-        deadline = time.perf_counter() + seconds
-        started, cpu_started = time.perf_counter(), time.process_time()
-        while time.perf_counter() < deadline:
-            client.request("ECHO", {"nonce": count})
-            count += 1
-        elapsed = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
+        yield
     finally:
-        client.close()
         stop.set()
         thread.join(5)
+
+
+def _reference_round_trips(seconds: float, per_cpu_second: bool = False) -> float:
+    """The same loop through the reference client and server (``per_cpu_second``: as in
+    :func:`_raw_loop`)."""
+    from conformance.testing.net import free_port
+    from reference_impl.control import ControlClient
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with reference_server(endpoint, {"ECHO": lambda r: {"nonce": r.get("nonce")}}):
+        client = ControlClient(endpoint)
+        count = 0
+        try:
+            deadline = time.perf_counter() + seconds
+            started, cpu_started = time.perf_counter(), time.process_time()
+            while time.perf_counter() < deadline:
+                client.request("ECHO", {"nonce": count})
+                count += 1
+            elapsed = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
+        finally:
+            client.close()
     return count / (cpu if per_cpu_second else elapsed)
 
 

@@ -151,47 +151,32 @@ def _kv(curve: bool) -> dict[str, float]:
 
 
 def _control(curve: bool) -> dict[str, float]:
-    from reference_impl.control import ControlClient, ControlServer
+    from benchmarks.control import reference_server
+    from reference_impl.control import ControlClient
 
     creds = SuiteCredentials.generate()
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    ready = threading.Event()
-    stop = threading.Event()
-
-    def serve() -> None:
-        server = ControlServer(endpoint, {"ECHO": lambda r: {"n": r.get("n")}},
-                               **(creds.server_kwargs() if curve else {}))
-        ready.set()
+    with reference_server(endpoint, {"ECHO": lambda r: {"n": r.get("n")}},
+                          **(creds.server_kwargs() if curve else {})):
+        client = ControlClient(endpoint, heartbeat_ivl_ms=10_000, heartbeat_timeout_ms=30_000,
+                               **(creds.client_kwargs() if curve else {}))
         try:
-            while not stop.is_set():
-                server.serve(10)
+            started = time.perf_counter()
+            client.request("ECHO", {"n": -1})
+            connect_ms = (time.perf_counter() - started) * 1000
+            rtts: list[float] = []
+            started = time.perf_counter()
+            cpu_started = time.process_time()
+            for n in range(_ROUND_TRIPS * 3):
+                t0 = time.perf_counter()
+                client.request("ECHO", {"n": n})
+                rtts.append((time.perf_counter() - t0) * 1e6)
+            throughput = len(rtts) / (time.perf_counter() - started)
+            cpu_us = (time.process_time() - cpu_started) * 1e6 / len(rtts)
+            return {"throughput": throughput, "latency_us": _p50(rtts),
+                    "connect_ms": connect_ms, "cpu_us": cpu_us}
         finally:
-            server.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(5)
-    client = ControlClient(endpoint, heartbeat_ivl_ms=10_000, heartbeat_timeout_ms=30_000,
-                           **(creds.client_kwargs() if curve else {}))
-    try:
-        started = time.perf_counter()
-        client.request("ECHO", {"n": -1})
-        connect_ms = (time.perf_counter() - started) * 1000
-        rtts: list[float] = []
-        started = time.perf_counter()
-        cpu_started = time.process_time()
-        for n in range(_ROUND_TRIPS * 3):
-            t0 = time.perf_counter()
-            client.request("ECHO", {"n": n})
-            rtts.append((time.perf_counter() - t0) * 1e6)
-        throughput = len(rtts) / (time.perf_counter() - started)
-        cpu_us = (time.process_time() - cpu_started) * 1e6 / len(rtts)
-        return {"throughput": throughput, "latency_us": _p50(rtts), "connect_ms": connect_ms,
-                "cpu_us": cpu_us}
-    finally:
-        client.close()
-        stop.set()
-        thread.join(5)
+            client.close()
 
 
 # -- engine pipeline ----------------------------------------------------------------------
