@@ -175,6 +175,9 @@ class DriverProcess:
         self._replies: list[dict[str, Any]] = []
         self._outgoing = bytearray()
         self._ids = itertools.count(1)
+        #: Requests sent so far: a value read in one reply stays current while this does
+        #: not change (nothing else was asked of the process since; p2p's ``poll_drain``).
+        self.calls = 0
         self._elapsed: float | None = None
         self._lock = threading.RLock()
         #: The signal the suite sent last (a PROC fault), if any.
@@ -239,6 +242,7 @@ class DriverProcess:
         with self._lock:
             self._check_usable(what)
             request_id = next(self._ids)
+            self.calls = request_id
             frame = encode_frame({"id": request_id, "call": name, "handle": handle,
                                   "args": dict(args)})
             allowed = watchdog.default_limit() if limit is None else limit
