@@ -20,10 +20,11 @@ import pytest
 from conformance.contracts.kv_events.subscriber.peer import Session, SubscriberSpec
 from conformance.testing.credentials import (
     CLIENT_KEYWORDS,
-    KeyPair,
+    IMPOSTORS,
     SuiteCredentials,
     as_server,
-    secrets_in,
+    assert_no_secret_leaked,
+    impostor_server,
 )
 
 CLAUSE = "EVS-10"
@@ -59,7 +60,7 @@ def test_the_real_publisher_is_heard(kv_subscriber_spec: SubscriberSpec) -> None
         session.check_delivered(expected)
 
 
-@pytest.mark.parametrize("impostor", ["plain", "curve-other-key"])
+@pytest.mark.parametrize("impostor", IMPOSTORS)
 @pytest.mark.clause(CLAUSE)
 def test_an_impostor_publisher_is_refused(kv_subscriber_spec: SubscriberSpec,
                                           impostor: str,
@@ -67,7 +68,7 @@ def test_an_impostor_publisher_is_refused(kv_subscriber_spec: SubscriberSpec,
     _require_authentication(kv_subscriber_spec)
     creds = SuiteCredentials.generate()
     caplog.set_level(logging.DEBUG)
-    secure = None if impostor == "plain" else as_server(KeyPair.generate())
+    secure = impostor_server(impostor)
     with Session(kv_subscriber_spec, clause=CLAUSE, fake_secure=secure,
                  **creds.client_kwargs()) as session:
         fake = session.fake
@@ -84,8 +85,7 @@ def test_an_impostor_publisher_is_refused(kv_subscriber_spec: SubscriberSpec,
             f"publisher ({fake.subscriptions} subscriptions, {len(fake.requests)} replay "
             "requests reached it)")
         texts = [repr(session.sub), *(r.getMessage() for r in caplog.records)]
-    leaked = secrets_in("\n".join(texts), [creds.client.secret])
-    assert not leaked, f"{CLAUSE}: {', '.join(leaked)} appeared in a log or repr"
+    assert_no_secret_leaked(texts, [creds.client.secret], clause=CLAUSE, where="a log or repr")
 
 
 @pytest.mark.clause(CLAUSE)
