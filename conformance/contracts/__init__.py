@@ -8,7 +8,7 @@ once, as :class:`Contract` entries in its own ``contract.py``, and this module
 collects them:
 
 - ``p2p`` (:mod:`conformance.contracts.p2p`): the peer-to-peer control
-  transport (ROUTER in, DEALER per peer), clauses CONN, POLL, MSG, HB, RES, SEC;
+  transport (ROUTER in, DEALER per peer), clauses CONN, POLL, MSG, HB, PROC, RES, SEC;
 - ``kv-events-publisher`` and ``kv-events-subscriber``
   (:mod:`conformance.contracts.kv_events`): the KV-cache event stream
   (PUB + replay ROUTER), the publisher under test (EVT) or the consumer under
