@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from conformance.config.loading import accepts
 from conformance.contracts.kv_events.subscriber.peer import Session, SubscriberSpec
 from conformance.testing.credentials import (
     CLIENT_KEYWORDS,
@@ -36,7 +37,7 @@ def _require_authentication(spec: SubscriberSpec) -> None:
         pytest.skip(f"{CLAUSE}: requires capability authentication; declare it with "
                     "zmq_conformance_capabilities = {'authentication': True} on a factory that "
                     "takes curve_client_secret_key and curve_server_key")
-    missing = [k for k in CLIENT_KEYWORDS if not spec._accepts(k)]
+    missing = [k for k in CLIENT_KEYWORDS if not accepts(spec.factory, k)]
     assert not missing, (f"{CLAUSE}: the subscriber declares authentication but its factory "
                          f"takes no {', '.join(missing)}")
 
