@@ -23,10 +23,11 @@ reports, which :func:`secrets_in` checks and this module's ``repr``\\ s honour.
 What every family's authentication clause (SEC-2, EVT-10, EVS-10, CTL-8,
 PIPE-13) meets is the same: a server side is tried by the :func:`strangers`
 (a plain client, a CURVE client with a key pair of its own that knows the
-real server key), a client side by the :data:`IMPOSTORS` (a plain server, a
-CURVE server holding another key), and no secret may leak
-(:func:`assert_no_secret_leaked`). How each family's sockets meet them, and
-what "refused" means on its wire, stays in its own tests.
+real server key; p2p adds strangers of its own), a client side by the
+:data:`IMPOSTORS` (a plain server, a CURVE server holding another key), and
+no secret may leak (:func:`assert_no_secret_leaked`). How each family's
+sockets meet them, and what "refused" means on its wire, stays in its own
+tests.
 """
 
 from __future__ import annotations
