@@ -43,10 +43,10 @@ from conformance.contracts.engine_pipeline.spec import PipelineSpec
 from conformance.testing.credentials import (
     IMPOSTORS,
     SuiteCredentials,
-    assert_no_secret_leaked,
     impostor_server,
     strangers,
 )
+from conformance.testing.credentials import secrets_in as leaked_secrets
 from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.wire import ENGINE_CORE_DEAD, EngineOutput, EngineOutputs
 
@@ -178,5 +178,6 @@ def test_keyed_peers_are_unaffected_and_no_key_leaks(rig: Rig,
     process.exit_status(10.0)
     texts.append(process.stderr_tail(1 << 20))
     texts.extend(record.getMessage() for record in caplog.records)
-    assert_no_secret_leaked(texts, creds.secret_keys(), clause=CLAUSE,
-                            where="the client's logs or repr or the engine's stderr")
+    leaked = leaked_secrets("\n".join(texts), creds.secret_keys())
+    assert not leaked, (f"{CLAUSE}: {', '.join(leaked)} appeared in the client's logs or repr "
+                        "or the engine's stderr")
