@@ -9,9 +9,10 @@ Hypothesis tests keep their own settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from hypothesis import HealthCheck, Phase, settings
+if TYPE_CHECKING:  # Hypothesis is imported where settings are built: the CLI never needs it
+    from hypothesis import settings
 
 from conformance.errors import ConfigError
 
@@ -66,6 +67,8 @@ def suite_settings(**overrides: Any) -> settings:
     a failure replays first on the next run; ``function_scoped_fixture`` is
     suppressed because suite tests build fresh nodes per example themselves.
     """
+    from hypothesis import HealthCheck, Phase, settings
+
     profile = _active
     values: dict[str, Any] = {
         "max_examples": profile.max_examples,
