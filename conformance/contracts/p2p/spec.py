@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 SUITE_HEARTBEAT_IVL_MS = 100
 SUITE_HEARTBEAT_TIMEOUT_MS = 500
 SUITE_HEARTBEAT_TTL_MS = 500
+#: A host stall this long lets a correct transport declare a heartbeated connection dead
+#: (the earliest death the heartbeat clauses allow): a test that needs a connection to stay
+#: alive cannot judge across it (:func:`conformance.supervision.host_stall.excused`).
+HEARTBEAT_STALL_MS = SUITE_HEARTBEAT_TIMEOUT_MS - SUITE_HEARTBEAT_IVL_MS
+HEARTBEAT_STALL_WHY = ("heartbeat timeout - interval, after which a correct transport may "
+                       "declare a starved connection dead")
 
 HEARTBEAT_KWARGS = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms")
 
