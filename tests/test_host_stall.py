@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conformance.errors import CallBlocked, RunError
-from conformance.supervision import host_stall
+from conformance.supervision import host_stall, watchdog
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
 
@@ -52,3 +52,19 @@ def test_excused_keeps_the_verdict_when_the_host_ran_promptly() -> None:
     with pytest.raises(CallBlocked), host_stall.excused("CONN-2", slack_ms=300, why="x"):
         _stall_meter(0.4)
         raise CallBlocked("send()", 5.0)  # a blocked call is never excused here
+
+
+def test_the_watchdog_limit_counts_only_time_the_host_let_processes_run() -> None:
+    """A call the host stalled past its limit is not blocked; one that blocks still is."""
+    watchdog.new_test()
+    started = time.monotonic()
+    with watchdog.guard("slow but correct call", 0.3):
+        _stall_meter(0.5)  # the host stalls 0.5 s inside a 0.3 s limit
+    assert time.monotonic() - started >= 0.5
+    started = time.monotonic()
+    with pytest.raises(CallBlocked), watchdog.guard("stuck call", 0.3):
+        _stall_meter(0.4)
+        time.sleep(3)
+    took = time.monotonic() - started
+    assert 0.6 <= took < 2.5, f"blocked after {took:.2f} s: limit 0.3 s + 0.4 s stall"
+    watchdog.new_test()

@@ -33,10 +33,12 @@ it at exit), and costs one wake-up per 10 ms.
 from __future__ import annotations
 
 import atexit
+import mmap
 import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -46,8 +48,8 @@ from typing import Final
 
 from conformance.errors import CallBlocked, RunError
 
-__all__ = ["PERIOD_S", "REPORTED_LATENESS_S", "excused", "meter_pid", "stall_ms", "start",
-           "stolen_ms",
+__all__ = ["PERIOD_S", "REPORTED_LATENESS_S", "excused", "meter_pid", "running", "stall_ms",
+           "start", "stolen_ms",
            "stop"]
 
 #: The meter's sleep.
@@ -60,16 +62,21 @@ _RECORD: Final = struct.Struct("!dd")
 #: How long the first use waits for the meter to run.
 _START_WAIT_S: Final = 10.0
 
+_STAMP: Final = struct.Struct("d")
+
 _METER_CODE: Final = f"""
-import os, struct, sys, time
+import mmap, os, struct, sys, time
 parent = os.getppid()
 out = sys.stdout.buffer
 rec = struct.Struct("!dd")
+stamp = struct.Struct("d")
+last = mmap.mmap(int(sys.argv[1]), stamp.size)
 out.write(rec.pack(time.monotonic(), 0.0)); out.flush()
 while os.getppid() == parent:
     slept = time.monotonic()
     time.sleep({PERIOD_S!r})
     woke = time.monotonic()
+    stamp.pack_into(last, 0, woke)
     if woke - slept - {PERIOD_S!r} > {REPORTED_LATENESS_S!r}:
         out.write(rec.pack(slept, woke)); out.flush()
 """
@@ -77,12 +84,21 @@ while os.getppid() == parent:
 
 class _Meter:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: the watchdog's SIGALRM handler reads the meter in the main thread,
+        # possibly while the main thread is reading it already.
+        self._lock = threading.RLock()
         self._stalls: deque[tuple[float, float]] = deque()
-        self._proc = subprocess.Popen(
-            # -I -S: no site, no environment; the meter starts in milliseconds.
-            [sys.executable, "-I", "-S", "-c", _METER_CODE], stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        # The meter's last wake-up, shared: a stall still in progress (the meter has not
+        # woken to report it) is seen at its age, as the delay probe sees records in flight.
+        with tempfile.TemporaryFile() as backing:
+            backing.write(bytes(_STAMP.size))
+            backing.flush()
+            self._last_wake = mmap.mmap(backing.fileno(), _STAMP.size)
+            self._proc = subprocess.Popen(
+                # -I -S: no site, no environment; the meter starts in milliseconds.
+                [sys.executable, "-I", "-S", "-c", _METER_CODE, str(backing.fileno())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                pass_fds=(backing.fileno(),))
         assert self._proc.stdout is not None
         self.pid = self._proc.pid
         self._out = self._proc.stdout
@@ -112,9 +128,13 @@ class _Meter:
         to it (seconds)."""
         # A wake-up reported by now may still be in the pipe: give the reader a moment.
         time.sleep(0.002)
+        now = time.monotonic()
         with self._lock:
             spans = [(slept + PERIOD_S, woke) for slept, woke in self._stalls
                      if woke >= since and slept <= until]
+        (last,) = _STAMP.unpack_from(self._last_wake, 0)
+        if last and now - last - PERIOD_S > REPORTED_LATENESS_S and last <= until:
+            spans.append((last + PERIOD_S, now))  # a stall in progress
         return [max(min(woke, until) - max(due, since), 0.0) for due, woke in spans]
 
     def stop(self) -> None:
@@ -122,6 +142,7 @@ class _Meter:
             self._proc.kill()
         self._proc.wait()
         self._out.close()
+        self._last_wake.close()
 
 
 _meter: _Meter | None = None
@@ -138,6 +159,12 @@ def _current() -> _Meter:
 def start() -> None:
     """Start measuring now (a window can only be judged from when the meter runs)."""
     _current()
+
+
+def running() -> bool:
+    """Whether this process's meter runs (safe to call anywhere, even in a signal handler:
+    it never starts one)."""
+    return _meter is not None and _meter_pid == os.getpid() and _meter._started.is_set()
 
 
 def meter_pid() -> int:

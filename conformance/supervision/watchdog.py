@@ -23,7 +23,14 @@ A call that overruns only the cut limit is no evidence of its own (a correct
 node's factory or a round trip to a node process takes longer than 0.2 s on
 a loaded host): the :class:`CallBlocked` it raises names the test's first
 full-limit block as the call that blocked, and the later call only as
-``then`` (see ``docs/load-verdicts.md``). Guards nest:
+``then`` (see ``docs/load-verdicts.md``).
+
+A limit counts only time the host let processes run: when a guard's deadline
+passes, the host stall measured since the call started
+(:mod:`conformance.supervision.host_stall`, running once :func:`new_test` has
+run) is added to its deadline, and the call is interrupted only when it has
+overrun its limit *plus* that stall. A call that really blocks still blocks,
+just later; a call that a host stalled for seconds is not ``blocked``. Guards nest:
 the earliest deadline of all open guards is armed, and the call named in the
 exception is the one whose own limit ran out. A timer someone else had armed
 (``pytest-timeout``'s signal method, for instance) is restored, minus the time
@@ -47,6 +54,7 @@ from types import FrameType
 from typing import Any, ParamSpec, TypeVar
 
 from conformance.errors import CallBlocked
+from conformance.supervision import host_stall
 
 __all__ = [
     "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
@@ -64,6 +72,8 @@ _DEFAULT_LIMIT_S = 5.0
 AFTER_BLOCK_LIMIT_S = 0.2
 #: Shortest timer ever armed (setitimer treats 0 as "disarm").
 _MIN_TIMER_S = 1e-4
+#: Host stall below this is not credited to a guard (the meter's resolution).
+_MIN_CREDIT_S = 0.02
 
 _default_limit_s = _DEFAULT_LIMIT_S
 
@@ -75,6 +85,9 @@ class _Guard:
     deadline: float
     #: The limit the caller asked for (``limit`` is less once the test has blocked).
     full_limit: float
+    started: float = 0.0
+    #: Host stall already added to ``deadline`` (seconds).
+    credited: float = 0.0
     fired: bool = False
 
 
@@ -135,8 +148,10 @@ def set_block_hook(hook: Callable[[], None] | None) -> None:
 
 
 def new_test() -> None:
-    """A test starts: limits are whole again (see the module docstring)."""
+    """A test starts: limits are whole again (see the module docstring), and the host-stall
+    meter runs (started here, before the test takes any resource snapshot)."""
     global _blocked_in_test, _first_block
+    host_stall.start()
     _blocked_in_test = False
     _first_block = None
 
@@ -173,7 +188,8 @@ def guard(call: str, limit: float | None = None) -> Iterator[None]:
     if not active():
         yield
         return
-    entry = _Guard(call, seconds, time.monotonic() + seconds, full)
+    now = time.monotonic()
+    entry = _Guard(call, seconds, now + seconds, full, started=now)
     if not _stack:
         _install()
     _stack.append(entry)
@@ -226,6 +242,9 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         _arm()
         return
     victim = min(expired, key=lambda g: g.deadline)
+    if _credit_host_stall(victim):
+        _arm()
+        return
     victim.fired = True
     global _blocked_in_test, _first_block
     if victim.limit < victim.full_limit:
@@ -244,6 +263,21 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
     if _first_block is None:
         _first_block = (victim.call, victim.limit)
     raise CallBlocked(victim.call, victim.limit)
+
+
+def _credit_host_stall(entry: _Guard) -> bool:
+    """Move ``entry``'s deadline on by the host stall measured since it started and not
+    credited yet; True when that leaves it time (the limit counts only time the host let
+    processes run, so a loaded host never turns a slow call into ``blocked``)."""
+    if not host_stall.running():
+        return False
+    stolen = host_stall.stolen_ms(entry.started) / 1000
+    extra = stolen - entry.credited
+    if extra < _MIN_CREDIT_S:
+        return False
+    entry.credited = stolen
+    entry.deadline += extra
+    return entry.deadline > time.monotonic()
 
 
 @contextmanager
