@@ -191,8 +191,6 @@ class ChaosMachine(ClusterMachine):
         #: One line per overrun: an infrastructure limitation, not a verdict.
         self.proxy_overruns: list[str] = []
         # The host stalls like an overrunning proxy, for every node at once (load-verdicts).
-        host_stall.start()
-        self._stall_since = time.monotonic()
         self._host_overran = False
         timeout = spec.heartbeat_timeout_ms or SUITE_HEARTBEAT_TIMEOUT_MS
         self._timeout_ms = timeout
