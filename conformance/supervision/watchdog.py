@@ -306,8 +306,11 @@ def suspended() -> Iterator[None]:
         yield
     finally:
         spent = time.monotonic() - started
+        # The host's stalls inside are part of ``spent``: never credit them a second time.
+        stolen = host_stall.stolen_ms(started) / 1000 if host_stall.running() else 0.0
         for entry in _stack[saved:_frozen]:
             entry.deadline += spent
+            entry.credited += stolen
         _frozen = saved
         if _stack:
             _arm()
