@@ -8,13 +8,12 @@ for the wrong reason (``docs/adapters.md`` names the run that showed it).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+
+import pytest
+from _cli_run import run_contract
 
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,26 +42,21 @@ _SUBJECTS = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
+def _with_subjects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``subjects`` importable by the child run (it inherits this environment)."""
     (tmp_path / "subjects.py").write_text(_SUBJECTS)
-    report = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(_ROOT)])}
-    result = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "-q", "--json", str(report),
-         "--reruns", "0", "-n", "0", *args],
-        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path, env=env)
-    data = json.loads(report.read_text()) if report.exists() else {}
-    return result.returncode, result.stdout + result.stderr, data
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(_ROOT)]))
 
 
-def test_ctl9_judges_a_closed_enum_server_by_its_declared_types(tmp_path: Path) -> None:
+def test_ctl9_judges_a_closed_enum_server_by_its_declared_types(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """LMCache 0.4.2 and 0.4.3 failed CTL-9 before any hostile byte: its honest request
     was the suite's echo, which a server with ``added_handlers`` false cannot serve (no
     code on its wire; LMCache's I/O thread died on the invented one, and the death was
     reported as CTL-3). The honest request is now a declared type: a correct server of
     that shape passes."""
-    code, out, data = _run(tmp_path, "--contract", "control", "--transport",
-                           "subjects:CLOSED_ENUM", "-k", "hostile_handshakes")
-    clause = data.get("clauses", {}).get("CTL-9", {})
-    assert clause.get("verdict") == "passed", (clause, out[-3000:])
-    assert code == 0, out[-3000:]
+    _with_subjects(tmp_path, monkeypatch)
+    run = run_contract("control", tmp_path, "--transport", "subjects:CLOSED_ENUM",
+                       "-k", "hostile_handshakes", "--reruns", "0", "-n", "0")
+    assert run.verdicts.get("CTL-9") == "passed", (run.report.get("clauses"), run.output)
+    assert run.status == 0, run.output
