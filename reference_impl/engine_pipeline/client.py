@@ -23,7 +23,12 @@ resolves utility calls by call id (late results are dropped), and watches
 for death three ways: the one-frame ``ENGINE_CORE_DEAD``, the end of an
 engine process (a pidfd, for engines on this host), and, with
 ``heartbeat_ivl_ms``, ZMTP heartbeats on the PULL (a paused engine: its
-connection is dropped after ``heartbeat_timeout_ms``). On death every
+connection is dropped after ``heartbeat_timeout_ms``). Heartbeats run only on
+a connection whose ZMTP handshake is done, so with them the PULL also bounds
+the handshake (``ZMQ_HANDSHAKE_IVL``: interval plus timeout) and ready waits
+for the engines' output handshakes, not only their TCP connections: an
+engine stopped between its connect and its greeting is dead as soon as a
+paused one would be (PIPE-5). On death every
 waiter and pending call is released with :class:`EngineDead`, later calls
 raise it at once, and outputs that arrive afterwards are dropped.
 
@@ -196,6 +201,10 @@ class EngineClient:
         self._monitor: zmq.Socket[bytes] | None = None
         #: Output connections accepted and still up (fds, from the monitor).
         self._output_fds: set[int] = set()
+        #: Output connections whose ZMTP handshake succeeded, so far (the monitor's event
+        #: names no fd: a count), and that count when ``_engine_fds`` was last taken.
+        self._output_handshakes = 0
+        self._handshakes_at_adoption = 0
         #: The engines' output connections: those up when the client became ready.
         self._engine_fds: frozenset[int] | None = None
         self._sockets: list[zmq.Socket[bytes]] = []
@@ -266,6 +275,11 @@ class EngineClient:
             sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
             sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_timeout_ms)
+            # A connection still in its handshake has no heartbeat (libzmq starts it after
+            # the handshake); this bounds that phase as the heartbeat bounds the rest, so a
+            # peer stopped mid-handshake is dropped (DISCONNECTED) as a paused one is,
+            # instead of after libzmq's default 30 s.
+            sock.setsockopt(zmq.HANDSHAKE_IVL, self.heartbeat_ivl_ms + self.heartbeat_timeout_ms)
         if endpoint.startswith("ipc://"):
             path = endpoint[len("ipc://"):]
             _claim_ipc_path(path)
@@ -350,7 +364,7 @@ class EngineClient:
             if death is not None:
                 self._die(death)
                 raise self._dead_error()
-        self._adopt_output_connections(deadline)
+        self._adopt_output_connections(deadline, limit_ms)
         self._ready = True
         self._io_thread = threading.Thread(target=self._io_loop, daemon=True,
                                            name=f"engine-client{self.client_index}-io")
@@ -482,12 +496,15 @@ class EngineClient:
             return
         if self._monitor is not None:
             # The output connections up now are the engines' again (as at ready): the dead
-            # incarnation's are gone, the replacement's must be there (PIPE-14).
+            # incarnation's are gone, the replacement's must be there, handshake done
+            # (PIPE-14, PIPE-5).
             while self._monitor.poll(0):
                 self._on_monitor_event(self._monitor.recv_multipart())
-            if len(self._output_fds) < len(self.engine_indices):
-                return  # the replacement's PUSH is not accepted yet: the next turn
+            if len(self._output_fds) < len(self.engine_indices) or \
+                    self._output_handshakes - self._handshakes_at_adoption < len(self._adopted):
+                return  # the replacement's PUSH is not up yet: the next turn
             self._engine_fds = frozenset(self._output_fds)
+            self._handshakes_at_adoption = self._output_handshakes
         with self._state:
             if self._closed:
                 return
@@ -687,22 +704,27 @@ class EngineClient:
     def _start_monitor(self) -> zmq.Socket[bytes]:
         """Watch the output PULL from its bind on, so every engine's connection is seen."""
         endpoint = f"inproc://engine-client-monitor-{os.getpid()}-{next(_monitor_ids)}"
-        self._output.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._output.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                             | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         monitor = self._ctx.socket(zmq.PAIR)
         monitor.setsockopt(zmq.LINGER, 0)
         monitor.connect(endpoint)
         self._sockets.append(monitor)
         return monitor
 
-    def _adopt_output_connections(self, deadline: float) -> None:
+    def _adopt_output_connections(self, deadline: float, limit_ms: int) -> None:
         """At ready: the output connections up now are the engines' (PIPE-14).
 
         A lost connection is a dead engine only if it was one of these: a stranger's
         garbage, a refused CURVE handshake or a port scan on the output port also
         end in a disconnection, after ready (restart ``none``: no engine joins later;
         ``adopt`` renews the set at each adoption). Waits, within the ready deadline,
-        until one connection per engine is up (an engine connects its PUSH with its
-        DEALER, so it is there already).
+        until one connection per engine is up and as many handshakes succeeded (an
+        engine connects its PUSH with its DEALER, so it is there already, but its ZMTP
+        handshake may still be under way: an engine stopped then would never start
+        the heartbeat that detects it; the handshake deadline covers what is left).
+        :class:`ReadyTimeout` if they are not all there by the deadline: an engine whose
+        outputs cannot arrive is not ready.
         """
         monitor = self._monitor
         if monitor is None:
@@ -711,10 +733,17 @@ class EngineClient:
             while monitor.poll(0):
                 self._on_monitor_event(monitor.recv_multipart())
             left = deadline - time.monotonic()
-            if len(self._output_fds) >= len(self.engine_indices) or left <= 0:
+            engines = len(self.engine_indices)
+            if len(self._output_fds) >= engines and self._output_handshakes >= engines:
                 break
+            if left <= 0:
+                raise ReadyTimeout(
+                    f"client {self.client_index}: the engines' output connections were not "
+                    f"all up within {limit_ms} ms ({len(self._output_fds)} of {engines} "
+                    f"connected; {self._output_handshakes} ZMTP handshake(s) done)")
             monitor.poll(int(min(left, 0.05) * 1000) + 1)
         self._engine_fds = frozenset(self._output_fds)
+        self._handshakes_at_adoption = self._output_handshakes
 
     def _on_monitor_event(self, frames: list[bytes]) -> None:
         if not frames or len(frames[0]) < 6:
@@ -722,11 +751,15 @@ class EngineClient:
         event, fd = struct.unpack("=HI", frames[0][:6])
         if event == zmq.EVENT_ACCEPTED:
             self._output_fds.add(fd)
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._output_handshakes += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self._output_fds.discard(fd)
             if self._engine_fds is not None and fd in self._engine_fds:
                 self._die("an engine's output connection was lost (no heartbeat within "
-                          f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
+                          f"{self.heartbeat_timeout_ms} ms, no handshake within "
+                          f"{self.heartbeat_ivl_ms + self.heartbeat_timeout_ms} ms, or the "
+                          "engine went away)")
 
     # -- death and close ------------------------------------------------------------
 
