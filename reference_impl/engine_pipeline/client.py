@@ -279,7 +279,7 @@ class EngineClient:
             # the handshake); this bounds that phase as the heartbeat bounds the rest, so a
             # peer stopped mid-handshake is dropped (DISCONNECTED) as a paused one is,
             # instead of after libzmq's default 30 s.
-            sock.setsockopt(zmq.HANDSHAKE_IVL, self.heartbeat_ivl_ms + self.heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, self._handshake_deadline_ms)
         if endpoint.startswith("ipc://"):
             path = endpoint[len("ipc://"):]
             _claim_ipc_path(path)
@@ -712,6 +712,12 @@ class EngineClient:
         self._sockets.append(monitor)
         return monitor
 
+    @property
+    def _handshake_deadline_ms(self) -> int:
+        """How long an output connection may take its ZMTP handshake (with heartbeats):
+        what a heartbeat needs to notice a paused peer, interval plus timeout."""
+        return self.heartbeat_ivl_ms + self.heartbeat_timeout_ms
+
     def _adopt_output_connections(self, deadline: float, limit_ms: int) -> None:
         """At ready: the output connections up now are the engines' (PIPE-14).
 
@@ -758,7 +764,7 @@ class EngineClient:
             if self._engine_fds is not None and fd in self._engine_fds:
                 self._die("an engine's output connection was lost (no heartbeat within "
                           f"{self.heartbeat_timeout_ms} ms, no handshake within "
-                          f"{self.heartbeat_ivl_ms + self.heartbeat_timeout_ms} ms, or the "
+                          f"{self._handshake_deadline_ms} ms, or the "
                           "engine went away)")
 
     # -- death and close ------------------------------------------------------------

@@ -32,9 +32,11 @@ from conformance.testing.net import free_port
 from reference_impl.engine_pipeline import wire
 
 
-def _dead_within(client: Any, bound_s: float, clause: str, what: str) -> float:
-    """Read outputs until the client raises; returns how long that took."""
-    started = time.monotonic()
+def _dead_within(client: Any, bound_s: float, clause: str, what: str,
+                 since: float | None = None) -> float:
+    """Read outputs until the client raises; returns how long that took, counted from
+    ``since`` (a ``time.monotonic()`` of the death; default: now)."""
+    started = time.monotonic() if since is None else since
     while True:
         try:
             guarded("outputs()", lambda: client.outputs(50), 5.0)
@@ -114,6 +116,47 @@ def test_paused_engine_is_dead_with_detects_hang(rig: Rig) -> None:
     process.pause()
     _dead_within(client, rig.death_bound_s, "PIPE-5", "SIGSTOP")
     process.resume()
+
+
+@pytest.mark.clause("PIPE-5")
+def test_engine_stopped_in_its_output_handshake_is_not_alive_past_the_bound(rig: Rig) -> None:
+    """An engine stopped after its output connection's TCP connect but before its ZMTP
+    greeting is a paused engine (a SIGSTOP right after READY lands there when the PUSH's
+    handshake ends after the DEALER's registration), and no heartbeat runs on a connection
+    still in its handshake. The suite's engine says READY and registers its DEALER; its
+    output connection is a plain socket that never greets. ``wait_ready()`` fails (an
+    engine whose outputs cannot arrive is not ready), or the death is seen within the
+    death bound of the engine's READY. The ready deadline, two death bounds, is far more
+    than the handshake needs, so a client that takes the TCP connection for the engine's
+    is ready before it."""
+    if not rig.caps.detects_hang:
+        pytest.skip("PIPE-5: detects_hang not declared: a stopped engine cannot be told from "
+                    "a slow one (as vLLM today)")
+    ready_ms = 2 * rig.caps.death_bound_ms
+    client = rig.client(clause="PIPE-5", ready_timeout_ms=ready_ms)
+    engine = RawEngine(client.handshake_address)
+    rig.closers.append(engine.close)
+    box: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            client.wait_ready()
+        except BaseException as exc:
+            box["error"] = exc
+
+    waiter = threading.Thread(target=wait, daemon=True, name="wait_ready")
+    waiter.start()
+    engine.join(silent_output=True)
+    stopped_at = time.monotonic()
+    waiter.join(ready_ms / 1000 + 5)
+    if waiter.is_alive():
+        raise CallBlocked("wait_ready()", ready_ms / 1000 + 5)
+    if "error" in box:
+        assert not isinstance(box["error"], AssertionError), box["error"]
+        return  # not ready: the engine was never taken for alive
+    _dead_within(client, rig.death_bound_s, "PIPE-5",
+                 "an engine stopped before its output connection's ZMTP greeting",
+                 since=stopped_at)
 
 
 @pytest.mark.clause("PIPE-5")
