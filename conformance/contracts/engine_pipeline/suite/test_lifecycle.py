@@ -126,13 +126,13 @@ def test_engine_stopped_in_its_output_handshake_is_not_alive_past_the_bound(rig:
     still in its handshake. The suite's engine says READY and registers its DEALER; its
     output connection is a plain socket that never greets. ``wait_ready()`` fails (an
     engine whose outputs cannot arrive is not ready), or the death is seen within the
-    death bound of the engine's READY. The ready deadline, two death bounds, is far more
-    than the handshake needs, so a client that takes the TCP connection for the engine's
-    is ready before it."""
+    death bound of the engine's READY. The ready deadline, one death bound, is far more
+    than the suite engine's handshake takes (milliseconds), so a client that takes the TCP
+    connection for the engine's is ready before it."""
     if not rig.caps.detects_hang:
         pytest.skip("PIPE-5: detects_hang not declared: a stopped engine cannot be told from "
                     "a slow one (as vLLM today)")
-    ready_ms = 2 * rig.caps.death_bound_ms
+    ready_ms = rig.caps.death_bound_ms
     client = rig.client(clause="PIPE-5", ready_timeout_ms=ready_ms)
     engine = RawEngine(client.handshake_address)
     rig.closers.append(engine.close)
