@@ -106,6 +106,10 @@ _WATCH_EVERY_S: Final = 0.05
 #: Receive limit of the handshake socket (WELCOME, REFUSED).
 _HANDSHAKE_FRAME_LIMIT: Final = 64 << 10
 
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_SNDMORE: Final = int(zmq.SNDMORE)
+_SNDMORE_NOBLOCK: Final = _SNDMORE | _NOBLOCK
+
 _Fatal = tuple[str, BaseException]
 
 
@@ -263,7 +267,7 @@ class EngineCore:
                     # Drain: with the main loop stepping, each wake-up costs a GIL hand-off.
                     for _ in range(_INPUT_BATCH):
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = wire.recv_frames(sock, _NOBLOCK)
                         except zmq.Again:
                             break
                         self._accept_frames(frames, decoders)
@@ -436,10 +440,11 @@ class _OutputSender:
         takes the rest of a multipart message whole.
         """
         last = len(frames) - 1
-        tracker = sock.send(frames[0], (zmq.SNDMORE if last else 0) | zmq.NOBLOCK,
+        # Plain int flags: OR-ing pyzmq's enum flags costs more than a small send.
+        tracker = sock.send(frames[0], _SNDMORE_NOBLOCK if last else _NOBLOCK,
                             copy=False, track=True)
         for position in range(1, last + 1):
-            sock.send(frames[position], (zmq.SNDMORE if position < last else 0), copy=False)
+            sock.send(frames[position], _SNDMORE if position < last else 0, copy=False)
         assert isinstance(tracker, zmq.MessageTracker)
         return tracker
 
