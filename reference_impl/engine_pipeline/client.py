@@ -115,6 +115,8 @@ _ADOPT_POLL_MS: Final = 5
 RESTART_POLICIES: Final = ("none", "adopt")
 _monitor_ids = itertools.count()
 _SNDMORE: Final = int(zmq.SNDMORE)
+#: Bound once: a class attribute lookup on an Enum costs a descriptor call.
+_ADD: Final = RequestType.ADD
 _NOBLOCK: Final = int(zmq.NOBLOCK)
 _IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
 #: Receive limit of the handshake and request sockets (HELLO, READY, a registration).
@@ -124,7 +126,7 @@ _OUTPUT_FRAME_SLACK: Final = 64 << 10
 _ZAP_POLL_MS: Final = 50
 
 
-class RequestOutput(msgspec.Struct, frozen=True):
+class RequestOutput(msgspec.Struct, frozen=True, gc=False):
     """One output of one request, as :meth:`EngineClient.outputs` returns it."""
 
     request_id: str
@@ -523,7 +525,7 @@ class EngineClient:
                     raise DuplicateRequest(f"request {request_id!r} is still in flight")
                 self._requests[request_id] = target
             try:
-                self._send(target, RequestType.ADD, frames)
+                self._send(target, _ADD, frames)
             except BaseException:
                 with self._state:
                     self._requests.pop(request_id, None)
@@ -581,7 +583,7 @@ class EngineClient:
         sock = self._input
         try:
             sock.send(_IDENTITIES.get(target) or wire.engine_identity(target), _SNDMORE)
-            sock.send(kind.value, _SNDMORE)
+            sock.send(kind, _SNDMORE)  # a bytes enum: the member is its type byte
             last = len(frames) - 1
             for position, frame in enumerate(frames):
                 sock.send(frame, _SNDMORE if position < last else 0, copy=False)
@@ -685,17 +687,21 @@ class EngineClient:
                         future.set_exception(UtilityFailed(utility.failure_message))
                     else:
                         future.set_result(utility.result)
+            requests = self._requests
+            append = self._outputs.append
+            engine = message.engine_index
             delivered = False
             for out in message.outputs:
-                if self._requests.get(out.request_id) != message.engine_index:
+                rid = out.request_id
+                if requests.get(rid) != engine:
                     self.dropped_frames += 1  # unknown, finished, or another engine's
                     continue
-                reason = None if out.finish_reason is None else _finish(out.finish_reason)
+                reason = out.finish_reason
                 if reason is not None:
-                    del self._requests[out.request_id]
-                self._outputs.append(RequestOutput(out.request_id, out.new_token_ids,
-                                                   reason, message.engine_index,
-                                                   out.payload, out.detail))
+                    reason = _finish(reason)
+                    del requests[rid]
+                append(RequestOutput(rid, out.new_token_ids, reason, engine, out.payload,
+                                     out.detail))
                 delivered = True
             if delivered:
                 self._delivered += 1
@@ -823,9 +829,12 @@ class _Adoption:
 _FINISH_REASONS: Final = {int(reason): reason for reason in FinishReason}
 
 
+_ERROR: Final = FinishReason.ERROR
+
+
 def _finish(value: int) -> FinishReason:
     """The finish reason ``value`` names; ERROR for a value the profile does not know."""
-    return _FINISH_REASONS.get(value, FinishReason.ERROR)
+    return _FINISH_REASONS.get(value, _ERROR)
 
 
 def _claim_ipc_path(path: str) -> None:

@@ -109,6 +109,10 @@ _HANDSHAKE_FRAME_LIMIT: Final = 64 << 10
 _NOBLOCK: Final = int(zmq.NOBLOCK)
 _SNDMORE: Final = int(zmq.SNDMORE)
 _SNDMORE_NOBLOCK: Final = _SNDMORE | _NOBLOCK
+# Enum members bound once: a class attribute lookup on an Enum costs a descriptor call.
+_ADD: Final = RequestType.ADD
+_ABORT: Final = RequestType.ABORT
+_UTILITY: Final = RequestType.UTILITY
 
 _Fatal = tuple[str, BaseException]
 
@@ -327,16 +331,16 @@ class EngineCore:
         value: Any = item[1]
         if isinstance(kind, str):
             return (kind, value)
-        if kind is RequestType.ADD:
+        if kind is _ADD:
             if 0 <= value.client_index < len(self._pushes):
                 self.model.add(value)
             else:
                 self.dropped_frames += 1
                 log.warning("engine %d: ADD %r names client %d of %d", self.engine_index,
                             value.request_id, value.client_index, len(self._pushes))
-        elif kind is RequestType.ABORT:
+        elif kind is _ABORT:
             self.model.abort(value)
-        elif kind is RequestType.UTILITY:
+        elif kind is _UTILITY:
             self._run_utility(sender, *value)
         return None
 
@@ -357,8 +361,9 @@ class EngineCore:
         if not produced:
             return
         first = produced[0][0]
-        if all(client_index == first for client_index, _ in produced):
-            sender.send(first, EngineOutputs(self.engine_index, [o for _, o in produced]))
+        outputs = [o for client_index, o in produced if client_index == first]
+        if len(outputs) == len(produced):  # one pass for the check and the list
+            sender.send(first, EngineOutputs(self.engine_index, outputs))
             return
         per_client: dict[int, list[EngineOutput]] = {}
         for client_index, output in produced:

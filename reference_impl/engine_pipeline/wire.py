@@ -164,7 +164,7 @@ class UnencodableValue(TypeError):
 # -- messages ------------------------------------------------------------------
 
 
-class AddRequest(msgspec.Struct, array_like=True, frozen=True):
+class AddRequest(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """ADD: a request, the suite's subset of vLLM's ``EngineCoreRequest``."""
 
     request_id: str
@@ -174,7 +174,7 @@ class AddRequest(msgspec.Struct, array_like=True, frozen=True):
     payload: Any = None
 
 
-class EngineOutput(msgspec.Struct, array_like=True, frozen=True):
+class EngineOutput(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One request's progress in one step (``payload`` only on its first output)."""
 
     request_id: str
@@ -184,7 +184,7 @@ class EngineOutput(msgspec.Struct, array_like=True, frozen=True):
     detail: Any = None
 
 
-class UtilityOutput(msgspec.Struct, array_like=True, frozen=True):
+class UtilityOutput(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """The result of a utility call (``failure_message`` set when it raised)."""
 
     call_id: int
@@ -192,7 +192,7 @@ class UtilityOutput(msgspec.Struct, array_like=True, frozen=True):
     result: Any = None
 
 
-class EngineOutputs(msgspec.Struct, array_like=True, frozen=True):
+class EngineOutputs(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One output message: an engine's outputs for one client, and/or one utility result."""
 
     engine_index: int
