@@ -127,7 +127,11 @@ _ZAP_POLL_MS: Final = 50
 
 
 class RequestOutput(msgspec.Struct, frozen=True, gc=False):
-    """One output of one request, as :meth:`EngineClient.outputs` returns it."""
+    """One output of one request, as :meth:`EngineClient.outputs` returns it.
+
+    Not tracked by the cyclic garbage collector (one per token; no cycle runs
+    through it, as for the wire structs: see :mod:`.wire`).
+    """
 
     request_id: str
     token_ids: list[int]

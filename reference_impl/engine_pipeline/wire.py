@@ -163,6 +163,15 @@ class UnencodableValue(TypeError):
 
 # -- messages ------------------------------------------------------------------
 
+# ``gc=False``: the cyclic garbage collector does not track these structs. A
+# pipeline makes one per request and per output token, and each tracked one
+# counted toward the next collection (1,000 requests x 16 tokens: 52
+# young-generation collections in the client, 14 without them, and a full
+# collection of the whole heap about every other round). It is
+# safe because no reference cycle runs through them: they are built from
+# decoded MessagePack (a tree) or by the engine from its request, and hold
+# values, never themselves; the lists and dicts inside are still tracked.
+
 
 class AddRequest(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """ADD: a request, the suite's subset of vLLM's ``EngineCoreRequest``."""
