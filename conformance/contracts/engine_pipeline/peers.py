@@ -67,9 +67,12 @@ class RawEngine:
 
     def hello(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """Send HELLO; the client's answer (WELCOME or REFUSED), ``None`` if none came."""
-        self._hs.send(wire.encode_handshake({
-            "status": "HELLO", "engine_index": self.engine_index, "pid": self._pid,
-            "host": _socket.gethostname(), "profile": wire.PROFILE}))
+        # NOBLOCK: a client that refused this peer's handshake (a stranger) may already
+        # have dropped the DEALER's only pipe, and a blocking send would wait forever.
+        with contextlib.suppress(zmq.Again):
+            self._hs.send(wire.encode_handshake({
+                "status": "HELLO", "engine_index": self.engine_index, "pid": self._pid,
+                "host": _socket.gethostname(), "profile": wire.PROFILE}), zmq.NOBLOCK)
         if not self._hs.poll(int(timeout_s * 1000)):
             return None
         return wire.decode_handshake(self._hs.recv())
