@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run the suite against a transport",
+    run = commands.add_parser("run", help="run a contract's suite against an implementation",
                               description="Run the suite. Arguments after '--' go to pytest.")
     run_args.add_run_options(run)
 

@@ -153,9 +153,10 @@ def _layer(module: str) -> int | None:
     """The layer of docs/architecture.md a module sits in (higher imports lower)."""
     if module.startswith("reference_impl"):
         return 0
-    if (module in ("conformance", "conformance.errors", "conformance.clauses")
+    if (module in ("conformance", "conformance.errors", "conformance.clauses",
+                   "conformance.contract")
             or module.startswith(("conformance.supervision", "conformance.testing", "chaos"))
-            or (_family(module) is not None and module.endswith(".clauses"))):
+            or (_family(module) is not None and module.endswith((".clauses", ".contract")))):
         return 1
     if module == REGISTRY:
         return 2
@@ -175,7 +176,7 @@ def _layer(module: str) -> int | None:
 
 def test_the_walk_sees_the_project() -> None:
     assert "conformance.cli" in GRAPH
-    assert "conformance.contracts.p2p.clauses" in GRAPH[REGISTRY]
+    assert "conformance.contracts.p2p.contract" in GRAPH[REGISTRY]
     assert "conformance.supervision.watchdog" in GRAPH["conformance.contracts.p2p.harness"]
 
 

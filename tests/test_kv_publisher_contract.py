@@ -11,12 +11,10 @@ one that kills its thread and leaks its context runs alone.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _cli_run import run_contract
 from _selfcheck_batch import Group, assert_killed, groups, outcome
 
 from conformance.contracts import CONTRACTS
@@ -30,25 +28,16 @@ SUITE = Path(__file__).resolve().parents[1] / "conformance/contracts/kv_events/p
 _GROUPS = groups(CONTRACT.name, SUITE, CATALOG, alone=("evt_hostile_request_kills_thread",))
 
 
-def _run(factory: str, tmp_path: Path) -> dict[str, str]:
-    report = tmp_path / "verdicts.json"
-    command = [sys.executable, "-m", "conformance.cli", "run", "--contract", CONTRACT.name,
-               "--transport", factory, "--json", str(report), "-q", "--hypothesis-seed", "1",
-               "--reruns", "0", "-n", "0"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    data = json.loads(report.read_text()) if report.exists() else {}
-    assert data, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert data["contract"] == CONTRACT.name
-    return {cid: entry["verdict"] for cid, entry in data["clauses"].items()}
-
-
 def test_every_clause_has_a_mutant() -> None:
     assert {c for m in CATALOG for c in m.clauses} == set(CONTRACT.clauses)
 
 
 def test_reference_passes_the_contract(tmp_path: Path) -> None:
-    verdicts = _run(CONTRACT.default_factory, tmp_path)
-    assert set(verdicts.values()) == {"passed"}, verdicts
+    run = run_contract(CONTRACT.name, tmp_path, "--transport", CONTRACT.default_factory,
+                       "--hypothesis-seed", "1", "--reruns", "0", "-n", "0")
+    assert run.report, run.output
+    assert run.report["contract"] == CONTRACT.name
+    assert set(run.verdicts.values()) == {"passed"}, run.verdicts
 
 
 @pytest.mark.parametrize("mutant", CATALOG, ids=lambda m: m.name)

@@ -5,7 +5,8 @@ imports it with one-line :class:`ConfigError`\ s that name the option and the
 value, :func:`check_fits` rejects a factory whose signature cannot take the
 calls the contract's suite makes (a factory of another contract, usually), and
 :func:`contract_spec_from_path` does both and builds the contract's spec with
-the contract's own ``make_spec`` (named by the registry).
+the contract's own ``make_spec`` (named by the registry). :func:`accepts` and
+:func:`takes` tell a family's spec which optional keywords a factory takes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,26 @@ from conformance.errors import ConfigError
 #: The default contract's reference implementation.
 DEFAULT_TRANSPORT: Final = CONTRACTS[DEFAULT_CONTRACT].default_factory
 ENV_TRANSPORT: Final = "ZMQ_CONFORMANCE_TRANSPORT"
+
+
+def accepts(factory: Callable[..., Any], name: str) -> bool:
+    """True when ``factory`` takes keyword ``name`` (or any keyword: ``**kwargs``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
+def takes(factory: Callable[..., Any], name: str) -> bool:
+    """True when ``factory`` names keyword ``name`` (``**kwargs`` does not count: some
+    keywords go only to factories that say they understand them)."""
+    try:
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def load_factory(path: str, *, option: str = "--zmq-transport",

@@ -37,7 +37,7 @@ def add_options(parser: pytest.Parser) -> None:
                          "implementation in any language (implies --zmq-conformance; "
                          "docs/drivers.md); default: ini zmq_driver, $ZMQ_CONFORMANCE_DRIVER")
     group.addoption("--zmq-capability", metavar="NAME=VALUE", action="append", default=[],
-                    help="declare a capability of the transport (repeatable), e.g. "
+                    help="declare a capability of the implementation (repeatable), e.g. "
                          "heartbeat_ivl_ms=1000")
     group.addoption("--zmq-profile", metavar="NAME", default=None,
                     help=f"depth profile: {', '.join(profiles.PROFILES)} (default: ini "
@@ -45,7 +45,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption("--zmq-xfail-file", metavar="PATH", default=None,
                     help="expected failures: lines 'CLAUSE-ID: reason' or 'test-id: reason'")
     group.addoption("--zmq-chaos", action="store_true", default=False,
-                    help="also run the chaos clauses (fault injection through toxiproxy)")
+                    help="also run the tests under injected faults (fault proxy, paused or "
+                         "killed processes): the chaos clauses and each contract's chaos suite")
     group.addoption("--zmq-nodes", metavar="MODE", default=None, choices=contracts.NODE_MODES,
                     help="where nodes run: inprocess (default) or process (each node in its "
                          "own OS process, driven through execnet; needed by PROC-1..3 only)")
@@ -53,7 +54,7 @@ def add_options(parser: pytest.Parser) -> None:
                     help="collect PATH as the suite instead of the built-in one (advanced: "
                          "suite development, vendored copies)")
     group.addoption("--zmq-stall-limit", metavar="SECONDS", type=float, default=None,
-                    help="a suite test that starts no call into the transport for this long "
+                    help="a suite test that starts no call into the implementation for this long "
                          "is hung: its process is ended and the test reported blocked "
                          f"(default {postmortem.DEFAULT_STALL_LIMIT_S:.0f})")
     group.addoption("--zmq-reruns", metavar="N", type=reruns_count, default=None,

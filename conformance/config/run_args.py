@@ -56,7 +56,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help=f"depth profile: {', '.join(profiles.PROFILES)} "
                              f"(default {profiles.DEFAULT_PROFILE})")
     parser.add_argument("--capability", action="append", default=[], metavar="NAME=VALUE",
-                        help="declare a capability of the transport (repeatable)")
+                        help="declare a capability of the implementation (repeatable)")
     parser.add_argument("--json", metavar="PATH", help="write per-clause verdicts as JSON")
     parser.add_argument("--junitxml", metavar="PATH", help="write per-clause JUnit XML")
     parser.add_argument("--markdown", metavar="PATH", help="write a Markdown report")
@@ -68,7 +68,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                              f"default {DEFAULT_WORKERS}); 0 runs in one process, where a crash "
                              "or hang ends the run without a report")
     parser.add_argument("--stall-limit", metavar="SECONDS", type=float, default=None,
-                        help="a test that starts no call into the transport for this long is "
+                        help="a test that starts no call into the implementation for this long is "
                              "hung: its worker is ended and the test reported blocked "
                              f"(default {postmortem.DEFAULT_STALL_LIMIT_S:.0f})")
     parser.add_argument("--hypothesis-seed", metavar="SEED",
@@ -77,10 +77,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="re-run a failing test up to N times, to report a failure that "
                              "does not always reproduce as 'flaky' (default 4; 0: never)")
     parser.add_argument("--chaos", action="store_true",
-                        help="also run the chaos clauses (heartbeats under injected faults)")
+                        help="also run the tests under injected faults (fault proxy, paused or "
+                             "killed processes): the chaos clauses and each contract's chaos "
+                             "suite")
     parser.add_argument("--nodes", choices=NODE_MODES, default=None,
-                        help="where nodes run: inprocess (default) or process (each node in "
-                             "its own OS process, driven through execnet)")
+                        help="where nodes run, for the contracts that have nodes (p2p): inprocess "
+                             "(default) or process (each node in its own OS process, driven "
+                             "through execnet)")
     parser.add_argument("--suite", action="append", default=[], metavar="PATH",
                         help="run PATH instead of the built-in suite (suite development)")
     parser.add_argument("-q", "--quiet", action="store_true", help="less pytest output")

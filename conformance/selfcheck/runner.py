@@ -590,7 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="PATH", help="write the kill matrix as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="write the kill matrix as Markdown")
     parser.add_argument("--chaos", action="store_true",
-                        help="also run chaos mutants and chaos clauses (needs toxiproxy)")
+                        help="also run chaos mutants and the tests under injected faults (needs "
+                             "the chaos extra)")
     parser.add_argument("-n", dest="workers", type=int, default=2, metavar="N",
                         help="suite runs in parallel (default 2)")
     parser.add_argument("--mutant", action="append", default=[], metavar="NAME",
@@ -601,11 +602,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-builtin", action="store_true",
                         help="leave out the built-in catalog (check only --extra mutants)")
     parser.add_argument("--no-control", action="store_true",
-                        help="do not run the unmutated base transports")
+                        help="do not run the unmutated base implementations")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
                         help=f"Hypothesis seed for every run (default {DEFAULT_SEED})")
     parser.add_argument("--run-timeout", type=float, default=DEFAULT_RUN_TIMEOUT_S,
-                        metavar="SECONDS", help="a suite run longer than this counts as hung")
+                        metavar="SECONDS", help="a suite run longer than this counts as hung "
+                        f"(default {DEFAULT_RUN_TIMEOUT_S:.0f})")
     parser.add_argument("--shrink-seconds", type=int, default=DEFAULT_SHRINK_S, metavar="SECONDS",
                         help="cap Hypothesis shrinking per failing test (default "
                              f"{DEFAULT_SHRINK_S}; Hypothesis alone allows 300; 0: no "

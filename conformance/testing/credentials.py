@@ -19,6 +19,15 @@ key pair shared by the honest parties of that test (a cluster credential).
 Strangers get key pairs of their own. Public keys are public; secret keys
 must never appear in an implementation's logs, reprs or in the suite's
 reports, which :func:`secrets_in` checks and this module's ``repr``\\ s honour.
+
+What every family's authentication clause (SEC-2, EVT-10, EVS-10, CTL-8,
+PIPE-13) meets is the same: a server side is tried by the :func:`strangers`
+(a plain client, a CURVE client with a key pair of its own that knows the
+real server key; p2p adds strangers of its own), a client side by the
+:data:`IMPOSTORS` (a plain server, a CURVE server holding another key), and
+no secret may leak (:func:`assert_no_secret_leaked`). How each family's
+sockets meet them, and what "refused" means on its wire, stays in its own
+tests.
 """
 
 from __future__ import annotations
@@ -32,17 +41,30 @@ from zmq.utils import z85
 
 __all__ = [
     "CLIENT_KEYWORDS",
+    "IMPOSTORS",
     "SERVER_KEYWORDS",
     "KeyPair",
+    "Secure",
     "SuiteCredentials",
     "as_client",
     "as_server",
+    "assert_no_secret_leaked",
     "curve_client",
+    "impostor_server",
     "secrets_in",
+    "strangers",
 ]
 
 SERVER_KEYWORDS: Final = ("curve_server_secret_key", "curve_allowed_client_keys")
 CLIENT_KEYWORDS: Final = ("curve_client_secret_key", "curve_server_key")
+#: The impostor servers a client side must refuse, by the names tests are parametrised
+#: with: one that speaks plain ZMTP, and a CURVE server holding another key than the
+#: one the client pins (:func:`impostor_server`).
+IMPOSTORS: Final = ("plain", "curve-other-key")
+
+#: What makes a socket, before bind or connect, a CURVE peer (:func:`as_client`,
+#: :func:`as_server`); ``None`` where a peer speaks plain ZMTP.
+Secure = Callable[[zmq.Socket[bytes]], None]
 
 
 @dataclass(frozen=True)
@@ -114,7 +136,18 @@ def secrets_in(text: str, secrets: Iterable[bytes]) -> list[str]:
     return found
 
 
-def as_client(keys: KeyPair, server_key: bytes) -> Callable[[zmq.Socket[bytes]], None]:
+def assert_no_secret_leaked(texts: Iterable[str], secrets: Iterable[bytes], *, clause: str,
+                            where: str) -> None:
+    """Fail ``clause`` if any of ``secrets`` appears in ``texts`` (logs, reprs, stats).
+
+    The message names which key and in which form (:func:`secrets_in`), never
+    the key, and says ``where`` the texts came from ("a log or repr").
+    """
+    leaked = secrets_in("\n".join(texts), secrets)
+    assert not leaked, f"{clause}: {', '.join(leaked)} appeared in {where}"
+
+
+def as_client(keys: KeyPair, server_key: bytes) -> Secure:
     """A function that makes a socket (before connect) a CURVE client of ``server_key``."""
 
     def secure(sock: zmq.Socket[bytes]) -> None:
@@ -125,7 +158,7 @@ def as_client(keys: KeyPair, server_key: bytes) -> Callable[[zmq.Socket[bytes]],
     return secure
 
 
-def as_server(keys: KeyPair) -> Callable[[zmq.Socket[bytes]], None]:
+def as_server(keys: KeyPair) -> Secure:
     """A function that makes a socket (before bind) a CURVE server with ``keys``.
 
     No ZAP handler is involved: it lets in every client that knows its public key,
@@ -137,6 +170,25 @@ def as_server(keys: KeyPair) -> Callable[[zmq.Socket[bytes]], None]:
         sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
 
     return secure
+
+
+def strangers(creds: SuiteCredentials) -> list[tuple[str, Secure | None]]:
+    """The clients a server side must refuse, each with the name a failure gives it.
+
+    A plain one (``None``: no CURVE), and a CURVE client with a fresh key pair
+    of its own that knows the real server key, so only client authentication
+    (the allowed client keys) stops it.
+    """
+    return [("plain", None),
+            ("CURVE with an unknown key", as_client(KeyPair.generate(), creds.server.public))]
+
+
+def impostor_server(kind: str) -> Secure | None:
+    """How the suite's impostor server of ``kind`` (one of :data:`IMPOSTORS`) sets up
+    its socket: ``None`` for plain ZMTP, else a CURVE server with a fresh key pair."""
+    if kind not in IMPOSTORS:
+        raise ValueError(f"unknown impostor {kind!r}; choose one of {', '.join(IMPOSTORS)}")
+    return None if kind == "plain" else as_server(KeyPair.generate())
 
 
 def curve_client(ctx: zmq.Context[Any], kind: int, *, keys: KeyPair, server_key: bytes,

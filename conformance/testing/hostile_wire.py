@@ -7,7 +7,10 @@ CURVE handshakes with garbage commands (a CURVE HELLO whose boxes are random
 bytes), a command or frame announcing a size past any sane
 ``ZMQ_MAXMSGSIZE``, followed by real bytes, so an implementation without a
 receive limit buffers them. :func:`rss_peak_kb` measures what that costs the
-process (the implementation runs in the suite's process).
+process (the implementation runs in the suite's process). The plainer raw
+peers live here too: :func:`send_raw_tcp` writes bytes that are not ZMTP at
+all, and a :class:`StalledListener` accepts connections and never answers
+(a peer stalled in the handshake, MSG-4).
 
 The stream layout follows ZMTP 3.0/3.1 (RFC 23, RFC 37) and CURVE (RFC 26):
 a 64-byte greeting (signature ``FF 00*8 7F``, version, 20-byte mechanism,
@@ -28,13 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from conformance.testing.net import HOST
+
 __all__ = [
     "ANNOUNCED_OVERSIZE",
     "HostileListener",
     "HostileStream",
     "PeakRss",
+    "StalledListener",
     "hostile_streams",
     "rss_kb",
+    "send_raw_tcp",
     "send_streams",
 ]
 
@@ -134,6 +141,15 @@ def send_streams(host: str, port: int, streams: list[HostileStream], *, copies: 
         if held:
             time.sleep(hold_s)  # a window with the connections open (a hold, not a sync)
     return written
+
+
+def send_raw_tcp(target: str, data: bytes, *, timeout: float = 2.0) -> None:
+    """Open a plain TCP connection to ``target``, write ``data`` (not ZMTP), close it."""
+    host, _, port = target.rpartition(":")
+    # The peer may hang up on garbage: that is its right.
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock, \
+            contextlib.suppress(OSError):
+        sock.sendall(data)
 
 
 @contextlib.contextmanager
@@ -256,3 +272,23 @@ class HostileListener:
                         self._stop.wait(0.05)
                 with contextlib.suppress(OSError):
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+class StalledListener(contextlib.AbstractContextManager["StalledListener"]):
+    """A TCP port that accepts connections into its backlog and never reads.
+
+    A transport connecting here sees a peer that never completes the ZMTP
+    handshake: a stalled peer (MSG-4). ``address`` is its ``"host:port"``.
+    """
+
+    def __init__(self, host: str = HOST) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
+        self._sock.listen(1)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -119,7 +119,10 @@ _ADOPT_POLL_MS: Final = 5
 #: What follows an engine's death (see the module docstring).
 RESTART_POLICIES: Final = ("none", "adopt")
 _monitor_ids = itertools.count()
-_ZERO_COPY_BYTES: Final = 65536
+_SNDMORE: Final = int(zmq.SNDMORE)
+#: Bound once: a class attribute lookup on an Enum costs a descriptor call.
+_ADD: Final = RequestType.ADD
+_NOBLOCK: Final = int(zmq.NOBLOCK)
 _IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
 #: Receive limit of the handshake and request sockets (HELLO, READY, a registration).
 CONTROL_FRAME_LIMIT: Final = 64 << 10
@@ -128,8 +131,12 @@ _OUTPUT_FRAME_SLACK: Final = 64 << 10
 _ZAP_POLL_MS: Final = 50
 
 
-class RequestOutput(msgspec.Struct, frozen=True):
-    """One output of one request, as :meth:`EngineClient.outputs` returns it."""
+class RequestOutput(msgspec.Struct, frozen=True, gc=False):
+    """One output of one request, as :meth:`EngineClient.outputs` returns it.
+
+    Not tracked by the cyclic garbage collector (one per token; no cycle runs
+    through it, as for the wire structs: see :mod:`.wire`).
+    """
 
     request_id: str
     token_ids: list[int]
@@ -525,10 +532,11 @@ class EngineClient:
         if target not in self.engine_indices:
             raise ValueError(f"engine {target} is not one of {self.engine_indices}")
         request = AddRequest(request_id, list(prompt), max_tokens, self.client_index,
-                             wire.prepare(payload))
+                             None if payload is None else wire.prepare(payload))
         with self._send_lock:
             frames = self._encoder.encode(request)
-            size = sum(memoryview(f).nbytes for f in frames)
+            size = (len(frames[0]) if len(frames) == 1  # the blob alone: a bytearray
+                    else sum(memoryview(f).nbytes for f in frames))
             if size > self.max_message_bytes:
                 raise MessageTooLarge(f"request {request_id!r} encodes to {size} bytes; "
                                       f"max_message_bytes is {self.max_message_bytes}")
@@ -538,7 +546,7 @@ class EngineClient:
                     raise DuplicateRequest(f"request {request_id!r} is still in flight")
                 self._requests[request_id] = target
             try:
-                self._send(target, RequestType.ADD, frames)
+                self._send(target, _ADD, frames)
             except BaseException:
                 with self._state:
                     self._requests.pop(request_id, None)
@@ -582,11 +590,24 @@ class EngineClient:
                 self._calls.pop(call_id, None)
 
     def _send(self, target: int, kind: RequestType, frames: list[Any]) -> None:
+        """``[identity, type byte, blob, aux...]`` on the request ROUTER (send lock held).
+
+        One ``send`` per frame with plain int flags: ``send_multipart`` ORs an
+        enum flag per frame and checks every part again, which cost about
+        three times the sends themselves. Blob and aux frames go
+        ``copy=False``: pyzmq copies those below its 64 KiB threshold anyway
+        and sends larger ones zero-copy (the blob is a fresh buffer; aux
+        frames are the caller's arrays and bytes, as before). The identity
+        frame goes first: with ``ROUTER_MANDATORY`` an engine that is not
+        connected fails it with ``EHOSTUNREACH`` before anything is queued.
+        """
+        sock = self._input
         try:
-            # Zero-copy only pays for large frames (pyzmq copies below 64 KiB anyway).
-            large = any(memoryview(f).nbytes >= _ZERO_COPY_BYTES for f in frames)
-            self._input.send_multipart([_IDENTITIES.get(target) or wire.engine_identity(target),
-                                        kind.value, *frames], copy=not large)
+            sock.send(_IDENTITIES.get(target) or wire.engine_identity(target), _SNDMORE)
+            sock.send(kind, _SNDMORE)  # a bytes enum: the member is its type byte
+            last = len(frames) - 1
+            for position, frame in enumerate(frames):
+                sock.send(frame, _SNDMORE if position < last else 0, copy=False)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._die(f"engine {target} is not connected (EHOSTUNREACH)")
@@ -639,7 +660,7 @@ class EngineClient:
                     before = self._delivered
                     for _ in range(256):
                         try:
-                            frames = self._output.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = wire.recv_frames(self._output, _NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_output(frames, decoders)
@@ -666,7 +687,8 @@ class EngineClient:
             self._die(f"the client's I/O thread failed: {type(exc).__name__}: {exc}")
 
     def _on_output(self, frames: list[Any], decoders: wire.Decoders) -> None:
-        if len(frames) == 1 and frames[0].bytes == ENGINE_CORE_DEAD:
+        if len(frames) == 1 and len(frames[0]) == len(ENGINE_CORE_DEAD) \
+                and frames[0].bytes == ENGINE_CORE_DEAD:
             self._die("an engine reported a fatal error (ENGINE_CORE_DEAD)")
             return
         try:
@@ -686,17 +708,21 @@ class EngineClient:
                         future.set_exception(UtilityFailed(utility.failure_message))
                     else:
                         future.set_result(utility.result)
+            requests = self._requests
+            append = self._outputs.append
+            engine = message.engine_index
             delivered = False
             for out in message.outputs:
-                if self._requests.get(out.request_id) != message.engine_index:
+                rid = out.request_id
+                if requests.get(rid) != engine:
                     self.dropped_frames += 1  # unknown, finished, or another engine's
                     continue
-                reason = None if out.finish_reason is None else _finish(out.finish_reason)
+                reason = out.finish_reason
                 if reason is not None:
-                    del self._requests[out.request_id]
-                self._outputs.append(RequestOutput(out.request_id, out.new_token_ids,
-                                                   reason, message.engine_index,
-                                                   out.payload, out.detail))
+                    reason = _finish(reason)
+                    del requests[rid]
+                append(RequestOutput(rid, out.new_token_ids, reason, engine, out.payload,
+                                     out.detail))
                 delivered = True
             if delivered:
                 self._delivered += 1
@@ -843,11 +869,15 @@ class _Adoption:
             self.watch.close()
 
 
+_FINISH_REASONS: Final = {int(reason): reason for reason in FinishReason}
+
+
+_ERROR: Final = FinishReason.ERROR
+
+
 def _finish(value: int) -> FinishReason:
-    try:
-        return FinishReason(value)
-    except ValueError:
-        return FinishReason.ERROR
+    """The finish reason ``value`` names; ERROR for a value the profile does not know."""
+    return _FINISH_REASONS.get(value, _ERROR)
 
 
 def _claim_ipc_path(path: str) -> None:

@@ -68,19 +68,13 @@ class RawEngine:
         return sock
 
     def hello(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
-        """Send HELLO; the client's answer (WELCOME or REFUSED), ``None`` if none came.
-
-        ``NOBLOCK``, as :meth:`intrude`: a stranger whose CURVE handshake the client
-        refused before this send (the socket connected in ``__init__``; a descheduled
-        test thread gives libzmq the time) has lost the DEALER's only pipe, and a
-        blocking send then hangs for good (a PIPE-13 ``blocked`` at load 32). No pipe
-        is no answer."""
-        try:
+        """Send HELLO; the client's answer (WELCOME or REFUSED), ``None`` if none came."""
+        # NOBLOCK: a client that refused this peer's handshake (a stranger) may already
+        # have dropped the DEALER's only pipe, and a blocking send would wait forever.
+        with contextlib.suppress(zmq.Again):
             self._hs.send(wire.encode_handshake({
                 "status": "HELLO", "engine_index": self.engine_index, "pid": self._pid,
                 "host": _socket.gethostname(), "profile": wire.PROFILE}), zmq.NOBLOCK)
-        except zmq.Again:
-            return None
         if not self._hs.poll(int(timeout_s * 1000)):
             return None
         return wire.decode_handshake(self._hs.recv())

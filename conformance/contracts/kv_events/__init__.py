@@ -10,8 +10,9 @@ them (DESIGN.md, "KV-event stream"). Two contracts, one package each:
 - :mod:`.subscriber`: the consumer is under test (EVS-1..9); the suite plays
   a publisher, also a hostile or restarting one.
 
-:mod:`.spec` pairs a factory with the capabilities it declares (the wire
-profile among them: :mod:`reference_impl.kv_events.wire`). The public
+:mod:`.contract` holds both contracts' registry entries; :mod:`.spec` pairs
+a factory with the capabilities it declares (the wire profile among them:
+:mod:`reference_impl.kv_events.wire`). The public
 wire schema and the reference implementations are in
 :mod:`reference_impl.kv_events`.
 """

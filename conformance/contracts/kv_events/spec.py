@@ -25,11 +25,11 @@ default), ``encoding`` (``map``, ``array`` or ``array-map``) and ``schema``
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
+from conformance.config.loading import accepts, takes
 from conformance.errors import ConfigError
 from reference_impl.kv_events.wire import (
     ENCODINGS,
@@ -163,26 +163,6 @@ class SubscriberCapabilities:
         return cls(**_check(cls, values, origin))
 
 
-def accepts(factory: Callable[..., Any], name: str) -> bool:
-    """True when ``factory`` takes keyword ``name`` (or any keyword)."""
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-    )
-
-
-def _takes(factory: Callable[..., Any], name: str) -> bool:
-    """True when ``factory`` names keyword ``name`` (``**kwargs`` does not count: the
-    profile keywords go only to factories that say they understand them)."""
-    try:
-        return name in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 @dataclass(frozen=True)
 class PublisherSpec:
     """The publisher under test: its factory and what it declares."""
@@ -234,7 +214,7 @@ class PublisherSpec:
                 kwargs[name] = value
         for keyword, declared in (("replay_layout", self.capabilities.wire),
                                   ("encoding", self.capabilities.encoding)):
-            if _takes(self.factory, keyword):
+            if takes(self.factory, keyword):
                 kwargs[keyword] = declared
         kwargs.update({k: v for k, v in overrides.items() if accepts(self.factory, k)})
         if rank is not None:

@@ -4,7 +4,8 @@ A node binds one ROUTER and opens a DEALER per peer; the caller drives all I/O
 through ``poll()`` (DESIGN.md, "The interface under test"). The family's
 parts:
 
-- :mod:`.clauses`: the clause texts (CONN, POLL, MSG, HB, RES, SEC);
+- :mod:`.clauses`: the clause texts (CONN, POLL, MSG, HB, PROC, RES, SEC);
+- :mod:`.contract`: the registry entry (where the parts below live);
 - ``suite/``: the property tests, one module per clause family, and the
   stateful machine test; ``chaos_suite/``: the heartbeat clauses under
   injected faults and the chaos machine test (collected with ``--chaos``);

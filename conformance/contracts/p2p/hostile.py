@@ -4,7 +4,9 @@ A hostile peer is anything a transport's bound socket may meet on the wire:
 an anonymous DEALER (libzmq hands it a 5-byte routing id starting with
 ``0x00``, usually not UTF-8), a DEALER claiming any identity it likes,
 frames in any number and of any content, floods of messages or of
-connections, and plain TCP clients that never speak ZMTP.
+connections. Peers below ZeroMQ (plain TCP clients that never speak ZMTP, a
+listener that never completes a handshake) are every family's, in
+:mod:`conformance.testing.hostile_wire`.
 
 The suite does not assume how an honest node frames a message: a
 :class:`WireFormat` is *learned* by letting the transport under test send one
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -37,10 +38,8 @@ __all__ = [
     "Flooder",
     "HostilePeer",
     "RawRouter",
-    "StalledListener",
     "WireFormat",
     "learn_wire_format",
-    "send_raw_tcp",
 ]
 
 _monitor_serial = itertools.count()
@@ -113,7 +112,7 @@ def learn_wire_format(cluster: Cluster, *, timeout: float = 5.0) -> WireFormat:
     )
 
 
-class HostilePeer:
+class HostilePeer(contextlib.AbstractContextManager["HostilePeer"]):
     """A DEALER connected to ``target`` (``"host:port"``), sending whatever it is told.
 
     ``identity=None`` leaves the routing id to libzmq (anonymous peer).
@@ -198,15 +197,7 @@ class HostilePeer:
         if self._monitor is not None:
             self._monitor.close(linger=0)
 
-    def __enter__(self) -> HostilePeer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -269,44 +260,7 @@ class Flooder:
             raise AssertionError(f"the flooding thread failed: {self.error!r}") from self.error
 
 
-class StalledListener:
-    """A TCP port that accepts connections into its backlog and never reads.
-
-    A transport connecting here sees a peer that never completes the ZMTP
-    handshake: a stalled peer (MSG-4). ``address`` is its ``"host:port"``.
-    """
-
-    def __init__(self, host: str = HOST) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
-        self._sock.listen(1)
-        self.address = f"{host}:{self._sock.getsockname()[1]}"
-
-    def close(self) -> None:
-        self._sock.close()
-
-    def __enter__(self) -> StalledListener:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def send_raw_tcp(target: str, data: bytes, *, timeout: float = 2.0) -> None:
-    """Open a plain TCP connection to ``target``, write ``data`` (not ZMTP), close it."""
-    host, _, port = target.rpartition(":")
-    # The peer may hang up on garbage: that is its right.
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock, \
-            contextlib.suppress(OSError):
-        sock.sendall(data)
-
-
-class RawRouter:
+class RawRouter(contextlib.AbstractContextManager["RawRouter"]):
     """A bare ROUTER standing in for a remote node that only listens.
 
     Lets a test watch one connection of the transport in isolation (no
@@ -333,13 +287,5 @@ class RawRouter:
     def close(self) -> None:
         self.socket.close(linger=0)
 
-    def __enter__(self) -> RawRouter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

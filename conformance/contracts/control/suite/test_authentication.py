@@ -34,7 +34,13 @@ from conformance.contracts.control.harness import (
     suite_body,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.testing.credentials import KeyPair, SuiteCredentials, as_client, secrets_in
+from conformance.testing.credentials import (
+    IMPOSTORS,
+    KeyPair,
+    SuiteCredentials,
+    assert_no_secret_leaked,
+    strangers,
+)
 from reference_impl.control import ControlServer
 
 CLAUSE = "CTL-8"
@@ -67,13 +73,10 @@ def test_no_request_from_a_stranger_reaches_a_handler(control_spec: ControlSpec)
         body = _echo("honest")
         assert honest.request(ECHO, body).get("nonce") == body["nonce"], (
             f"{CLAUSE}: the authenticated client's echo came back wrong")
-        strangers: list[tuple[str, WireClient]] = [
-            ("plain", r.wire()),
-            ("CURVE with an unknown key",
-             r.wire(secure=as_client(KeyPair.generate(), creds.server.public))),
-        ]
+        wires: list[tuple[str, WireClient]] = [
+            (kind, r.wire(secure=secure)) for kind, secure in strangers(creds)]
         sent: dict[object, str] = {}
-        for kind, wire in strangers:
+        for kind, wire in wires:
             body = _echo("stranger")
             sent[body["nonce"]] = kind
             frames = wire.profile.request(nonce(), ECHO, suite_body(ECHO, body), wire.codes)
@@ -90,7 +93,7 @@ def test_no_request_from_a_stranger_reaches_a_handler(control_spec: ControlSpec)
                             "reached a handler"
 
 
-@pytest.mark.parametrize("impostor", ["plain", "curve-other-key"])
+@pytest.mark.parametrize("impostor", IMPOSTORS)
 @pytest.mark.clause(CLAUSE)
 def test_the_client_refuses_an_impostor_server(control_spec: ControlSpec,
                                                impostor: str) -> None:
@@ -143,5 +146,4 @@ def test_authenticated_peers_survive_rebuilds_and_restarts(control_spec: Control
                      what=f"{CLAUSE}: a request after the server restarted with the same keys")
         texts = [repr(client.raw)]
     texts.extend(record.getMessage() for record in caplog.records)
-    leaked = secrets_in("\n".join(texts), creds.secret_keys())
-    assert not leaked, f"{CLAUSE}: {', '.join(leaked)} appeared in a log or repr"
+    assert_no_secret_leaked(texts, creds.secret_keys(), clause=CLAUSE, where="a log or repr")

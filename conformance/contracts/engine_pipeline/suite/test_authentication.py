@@ -40,7 +40,12 @@ from conformance.contracts.engine_pipeline.harness import (
 )
 from conformance.contracts.engine_pipeline.peers import RawClient, RawEngine
 from conformance.contracts.engine_pipeline.spec import PipelineSpec
-from conformance.testing.credentials import KeyPair, SuiteCredentials, as_client, as_server
+from conformance.testing.credentials import (
+    IMPOSTORS,
+    SuiteCredentials,
+    impostor_server,
+    strangers,
+)
 from conformance.testing.credentials import secrets_in as leaked_secrets
 from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.wire import ENGINE_CORE_DEAD, EngineOutput, EngineOutputs
@@ -80,10 +85,8 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     client = rig.client(clause=CLAUSE, **creds.server_kwargs())
     addresses = client.addresses
     finish_ready = rig.ready_in_background(client, clause=CLAUSE)
-    strangers: list[tuple[str, RawEngine]] = []
-    for kind, secure in (("plain", None),
-                         ("CURVE with an unknown key",
-                          as_client(KeyPair.generate(), creds.server.public))):
+    posing: list[tuple[str, RawEngine]] = []
+    for kind, secure in strangers(creds):
         stranger = RawEngine(addresses["handshake"], engine_index=0, secure=secure)
         rig.closers.append(stranger.close)
         answer = stranger.hello(_STRANGER_WAIT_S)
@@ -91,20 +94,20 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
             f"{CLAUSE}: a {kind} stranger posing as engine 0 got an answer to its HELLO "
             f"({answer.get('status')!r}): the client's handshake socket lets it in")
         stranger.intrude(addresses["input"], addresses["output"])
-        strangers.append((kind, stranger))
+        posing.append((kind, stranger))
     process = _keyed_engine(rig, [addresses["handshake"]], creds, model={"stall_ms": 20})
     finish_ready()
     rid = request_id("p13-")
     guarded("add()", lambda: client.add(rid, [1], 20), 5.0)
     forged = [bytes(f) for f in wire.Encoder().encode(
         EngineOutputs(0, [EngineOutput(rid, [_FORGED_TOKEN])]))]
-    for _, stranger in strangers:
+    for _, stranger in posing:
         assert stranger.push is not None
         for frames in (forged, [ENGINE_CORE_DEAD]):
             # A refused handshake leaves the PUSH without a peer: a blocking send would hang.
             with contextlib.suppress(zmq.Again):
                 stranger.push.send_multipart(frames, zmq.NOBLOCK)
-    for kind, stranger in strangers:
+    for kind, stranger in posing:
         got = stranger.requests(_STRANGER_WAIT_S)
         assert not got, (f"{CLAUSE}: a {kind} stranger with engine 0's identity received "
                          f"{len(got)} request(s) on the client's request socket")
@@ -127,13 +130,13 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     streams.check(after, CLAUSE, max_tokens=3)
 
 
-@pytest.mark.parametrize("impostor", ["plain", "curve-other-key"])
+@pytest.mark.parametrize("impostor", IMPOSTORS)
 @pytest.mark.clause(CLAUSE)
 def test_an_engine_sends_no_hello_to_an_impostor_client(rig: Rig, impostor: str) -> None:
     require_authentication(rig.spec)
     rig.spec.require("engine", CLAUSE)
     creds = SuiteCredentials.generate()
-    fake = RawClient(secure=None if impostor == "plain" else as_server(KeyPair.generate()))
+    fake = RawClient(secure=impostor_server(impostor))
     rig.closers.append(fake.close)
     process = _keyed_engine(rig, [fake.handshake_address], creds)
     assert process.wait_line("SERVING", PROCESS_READY_S), (

@@ -18,7 +18,6 @@ condition holds or a deadline passes.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Final
 
 import zmq
 
+from conformance.config.loading import accepts, takes
 from conformance.errors import CallBlocked, ConfigError
 from conformance.supervision import watchdog
 from reference_impl.kv_events.schema import (
@@ -151,18 +151,9 @@ class SubscriberSpec:
         it reads)."""
         return WireProfile(layout or self.layouts[0], self.encoding, self.schema)
 
-    def _accepts(self, name: str) -> bool:
-        try:
-            params = inspect.signature(self.factory).parameters
-        except (TypeError, ValueError):
-            return False
-        return name in params or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-        )
-
     @property
     def replay_timeout_ms(self) -> int:
-        if self._accepts("replay_timeout_ms"):
+        if accepts(self.factory, "replay_timeout_ms"):
             return SUITE_REPLAY_TIMEOUT_MS
         return int(self.capabilities.get("replay_timeout_ms", UNDECLARED_REPLAY_TIMEOUT_MS))
 
@@ -170,23 +161,16 @@ class SubscriberSpec:
         """Build the subscriber with the suite's short settings; ``extra`` (the CURVE
         keywords of :mod:`conformance.testing.credentials`) is passed as it is."""
         kwargs: dict[str, Any] = dict(extra)
-        if _names(self.factory, "encoding"):
+        if takes(self.factory, "encoding"):
             kwargs["encoding"] = self.encoding
-        if self._accepts("replay_timeout_ms"):
+        if accepts(self.factory, "replay_timeout_ms"):
             kwargs["replay_timeout_ms"] = SUITE_REPLAY_TIMEOUT_MS
-        if self._accepts("heartbeat_ivl_ms"):
+        if accepts(self.factory, "heartbeat_ivl_ms"):
             kwargs["heartbeat_ivl_ms"] = SUITE_HEARTBEAT_IVL_MS
-        if self._accepts("heartbeat_timeout_ms"):
+        if accepts(self.factory, "heartbeat_timeout_ms"):
             kwargs["heartbeat_timeout_ms"] = SUITE_HEARTBEAT_TIMEOUT_MS
         return watchdog.call("subscriber factory", self.factory, endpoint, replay_endpoint,
                              topic=topic, **kwargs)
-
-
-def _names(factory: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 # --- the fake publisher --------------------------------------------------------------

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from conformance.config import profiles
 from conformance.config.profiles import scaled
 from conformance.contracts.p2p.harness import Cluster, Node, handshake, receive, wait_until
-from conformance.contracts.p2p.hostile import HostilePeer, StalledListener, learn_wire_format
+from conformance.contracts.p2p.hostile import HostilePeer, learn_wire_format
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.contracts.p2p.strategies import (
     LARGE_MESSAGE_BYTES,
@@ -36,6 +36,7 @@ from conformance.contracts.p2p.strategies import (
     sized_messages,
 )
 from conformance.errors import CallBlocked
+from conformance.testing.hostile_wire import StalledListener
 from conformance.testing.net import unreachable_address
 from conformance.testing.values import first_difference
 

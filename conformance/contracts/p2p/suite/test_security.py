@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conformance.config import profiles
 from conformance.config.profiles import scaled
 from conformance.contracts.p2p.harness import Cluster, Connection, Node, handshake, receive
-from conformance.contracts.p2p.hostile import Flooder, HostilePeer, learn_wire_format, send_raw_tcp
+from conformance.contracts.p2p.hostile import Flooder, HostilePeer, learn_wire_format
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.contracts.p2p.strategies import (
     hostile_frames,
@@ -28,6 +28,7 @@ from conformance.contracts.p2p.strategies import (
     is_plausible_peer_id,
     nesting_bomb,
 )
+from conformance.testing.hostile_wire import send_raw_tcp
 from conformance.testing.net import unreachable_address
 
 _encode = msgspec.msgpack.encode

@@ -22,10 +22,10 @@ from conformance.contracts.kv_events.publisher.peers import ReplayClient, Rig, S
 from conformance.contracts.kv_events.spec import PublisherSpec, accepts
 from conformance.testing.credentials import (
     SERVER_KEYWORDS,
-    KeyPair,
     SuiteCredentials,
     as_client,
-    secrets_in,
+    assert_no_secret_leaked,
+    strangers,
 )
 
 CLAUSE = "EVT-10"
@@ -44,10 +44,12 @@ def _require_authentication(spec: PublisherSpec) -> None:
                          f"takes no {', '.join(missing)}")
 
 
-def _strangers(rig: Rig, creds: SuiteCredentials) -> tuple[list[Sub], list[ReplayClient]]:
-    outsider = as_client(KeyPair.generate(), creds.server.public)
-    subs = [rig.sub(), rig.sub(secure=outsider)]
-    replays = [rig.replay_client(), rig.replay_client(secure=outsider)]
+def _strangers(rig: Rig, creds: SuiteCredentials
+               ) -> tuple[list[tuple[str, Sub]], list[tuple[str, ReplayClient]]]:
+    """Each stranger (:func:`strangers`) as a subscriber and as a replay client, by kind."""
+    kinds = strangers(creds)
+    subs = [(kind, rig.sub(secure=secure)) for kind, secure in kinds]
+    replays = [(kind, rig.replay_client(secure=secure)) for kind, secure in kinds]
     return subs, replays
 
 
@@ -64,17 +66,15 @@ def test_strangers_get_no_batch_and_no_replay(kv_publisher_spec: PublisherSpec) 
             rig.publish(make_batch())
         rig.wait_all(sub)
         rig.check_stream(sub, clause=CLAUSE, contiguous=True)
-        for replay in stranger_replays:
+        for _, replay in stranger_replays:
             with contextlib.suppress(zmq.Again):  # never connected: nothing to queue on
                 replay.sock.send_multipart([b"", bytes(8)], zmq.NOBLOCK)  # start 0
-        for n, stranger in enumerate(stranger_subs):
+        for kind, stranger in stranger_subs:
             stranger.drain(_STRANGER_WINDOW_MS)
-            kind = "plain" if n == 0 else "CURVE with an unknown key"
             assert not stranger.got and not stranger.malformed, (
                 f"{CLAUSE}: a {kind} subscriber received {len(stranger.got)} batches")
-        for n, replay in enumerate(stranger_replays):
+        for kind, replay in stranger_replays:
             got, stranger_ended = replay.read(timeout=_STRANGER_WINDOW_MS / 1000, clause=CLAUSE)
-            kind = "plain" if n == 0 else "CURVE with an unknown key"
             assert not got and not stranger_ended, (
                 f"{CLAUSE}: a {kind} replay client received {len(got)} answers"
                 f"{' and the end marker' if stranger_ended else ''}")
@@ -98,8 +98,8 @@ def test_no_secret_key_leaks(kv_publisher_spec: PublisherSpec,
         texts.append(repr(rig.publisher))
         texts.append(repr(rig.stats()))
     texts.extend(record.getMessage() for record in caplog.records)
-    leaked = secrets_in("\n".join(texts), creds.secret_keys())
-    assert not leaked, f"{CLAUSE}: {', '.join(leaked)} appeared in a log, repr or stats()"
+    assert_no_secret_leaked(texts, creds.secret_keys(), clause=CLAUSE,
+                            where="a log, repr or stats()")
 
 
 @pytest.mark.clause(CLAUSE)
