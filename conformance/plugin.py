@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from conformance.config import collection, options
+from conformance.config import collection, options, profiles
 from conformance.config import session as sessions
 from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.errors import ConfigError
@@ -100,8 +100,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller: hand each worker the postmortem directory and the stall limit."""
+    """xdist controller: hand each worker the postmortem directory and the stall limit;
+    build Hypothesis' Unicode table once before the workers start."""
     sessions.configure_node(node)
+    profiles.warm_unicode_tables()
 
 
 @pytest.hookimpl(wrapper=True)
