@@ -58,6 +58,40 @@ class RunError(Skipped):
         self.detail = message
 
 
+def skip_message(text: str) -> str:
+    """A skip report's message without its exception's name: pytest writes ``Skipped: M``
+    for ``pytest.skip`` and ``package.module.Class: M`` for a subclass such as
+    :class:`RunError` raised in a test."""
+    head, sep, rest = text.partition(": ")
+    if sep and (head == "Skipped" or (head.replace(".", "").replace("_", "").isalnum()
+                                      and rest.startswith(RUN_ERROR_PREFIX))):
+        return rest
+    return text
+
+
 def is_run_error(reason: str | None) -> bool:
     """Whether a skip reason is a :class:`RunError`'s."""
     return bool(reason) and str(reason).startswith(RUN_ERROR_PREFIX)
+
+
+#: Marks a :class:`HostStalled` reason among the run errors (the re-run logic finds it).
+HOST_STALL_TAG = "[host stall]"
+
+
+class HostStalled(RunError):
+    """A timing bound was missed while the host kept processes from running for longer
+    than the bound's slack (measured by :mod:`conformance.supervision.host_stall`).
+
+    The measurement is void, not the implementation's: the test runs again
+    (:func:`conformance.supervision.reruns.run_with_reruns`), and only when
+    every attempt is void does the run report this error (exit status 3).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{HOST_STALL_TAG} {message}")
+
+
+def is_host_stall(reason: str | None) -> bool:
+    """Whether a skip reason is a :class:`HostStalled`'s."""
+    return is_run_error(reason) and HOST_STALL_TAG in str(reason)
+

@@ -42,7 +42,9 @@ RERUN_SUITE = '''
 import pytest
 from hypothesis import given, strategies as st
 
-from conformance.errors import CallBlocked
+from pathlib import Path
+
+from conformance.errors import CallBlocked, HostStalled
 from conformance.contracts.p2p.harness import Cluster, handshake, receive
 from conformance.testing.net import unreachable_address
 from conformance.config.profiles import suite_settings
@@ -68,6 +70,26 @@ def test_integer(zmq_transport_spec, value):
         out, inbound = handshake(a, b)
         out.send({"v": value})
         assert receive(inbound, 1, nodes=[a]) == [{"v": value}], "MSG-1: value changed"
+
+
+def _attempt(name):
+    counter = Path(__file__).with_name(name)
+    n = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(n + 1))
+    return n
+
+
+@pytest.mark.clause("MSG-3")
+def test_void_twice_then_judged(zmq_transport_spec):
+    if _attempt("void_twice") < 2:
+        raise HostStalled("MSG-3: a stall the test pretends to have measured")
+    assert _attempt("judged") < 0, "MSG-3: the verdict of the first run that counted"
+
+
+@pytest.mark.clause("MSG-5")
+def test_always_void(zmq_transport_spec):
+    _attempt("always_void")
+    raise HostStalled("MSG-5: a stall the test pretends to have measured")
 
 
 @pytest.mark.clause("MSG-4")
@@ -189,6 +211,32 @@ def test_blocked_test_is_not_rerun(project: Path) -> None:
     clause = data["clauses"]["MSG-4"]
     assert clause["verdict"] == "blocked", clause
     assert "runs" not in clause["tests"][0]
+
+
+def test_void_runs_are_repeated_until_one_gives_a_verdict(project: Path) -> None:
+    """A run voided by a host stall is no evidence: it runs again (same seed) until an
+    attempt judges, and that attempt is the first run the tally counts from."""
+    result, data = _run(project, f"{_MUTANTS}:ReordersMessages", "test_void_twice",
+                        "--zmq-reruns", "2")
+    assert result.returncode == 1, _out(result)
+    clause = data["clauses"]["MSG-3"]
+    assert clause["verdict"] == "failed", clause
+    assert clause["reason"] == "reproduced 3 of 3 runs"
+    test = clause["tests"][0]
+    assert test["measurements"]["void_runs"] == "2", test
+    assert "the verdict of the first run that counted" in clause["counterexample"]
+    assert (project / "rerun_suite" / "void_twice").read_text() == "5"  # 2 void + 3 judged
+    assert data["run_errors"] == []
+
+
+def test_a_run_void_every_time_stays_a_run_error(project: Path) -> None:
+    result, data = _run(project, f"{_MUTANTS}:ReordersMessages", "test_always_void",
+                        "--zmq-reruns", "2")
+    clause = data["clauses"]["MSG-5"]
+    assert clause["verdict"] == "skipped", clause
+    assert (project / "rerun_suite" / "always_void").read_text() == "3"  # 1 + 2 re-runs
+    assert len(data["run_errors"]) == 1 and "[host stall]" in data["run_errors"][0]
+    assert result.returncode == 0, _out(result)  # pytest's own status; the CLI exits 3
 
 
 def test_reruns_zero_reports_the_plain_failure(project: Path) -> None:

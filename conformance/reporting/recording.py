@@ -16,6 +16,7 @@ import pytest
 
 from conformance.config.collection import CLAUSES_KEY
 from conformance.config.session import State
+from conformance.errors import skip_message
 from conformance.reporting import build, summary
 from conformance.reporting.reports import write_reports
 from conformance.reporting.verdicts import (
@@ -178,5 +179,5 @@ def _skip_reason(report: pytest.TestReport) -> str | None:
     ("Failing explicit example: ..." when an ``@example`` skipped)."""
     longrepr: Any = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return strip_hypothesis_notes(str(longrepr[2]).removeprefix("Skipped: "))
+        return strip_hypothesis_notes(skip_message(str(longrepr[2])))
     return None

@@ -22,7 +22,7 @@ and a stall it misses leaves the verdict standing (the error is on the side
 of judging).
 
 Callers compare the stall with the slack their bound has, and end the test
-with :class:`~conformance.errors.RunError` (not a verdict) only when the
+with :class:`~conformance.errors.HostStalled` (a run error, and a re-run) only when the
 measured stall explains the miss; see ``docs/load-verdicts.md``.
 
 The meter starts on the first call in a process, lives as long as that
@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from conformance.errors import CallBlocked, RunError
+from conformance.errors import CallBlocked, HostStalled
 
 __all__ = ["PERIOD_S", "REPORTED_LATENESS_S", "excused", "meter_pid", "running", "stall_ms",
            "start", "stolen_ms",
@@ -192,8 +192,8 @@ def stolen_ms(since: float, until: float | None = None) -> float:
 
 @contextmanager
 def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False) -> Iterator[None]:
-    """A failed assertion inside becomes a :class:`RunError` when the host stalled for at
-    least ``slack_ms`` in one piece meanwhile: a stall that long lets a correct
+    """A failed assertion inside becomes :class:`HostStalled` (a run error) when the host
+    stalled for at least ``slack_ms`` in one piece meanwhile: a stall that long lets a correct
     implementation miss what the assertion checks (``why`` says why, e.g. "heartbeat
     timeout - interval: a correct transport may declare a starved connection dead").
     With ``in_all`` the stalls are summed (:func:`stolen_ms`): for a bound that many
@@ -214,7 +214,7 @@ def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False) -> 
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         how = "in all" if in_all else "in one piece"
-        raise RunError(
+        raise HostStalled(
             f"{clause}: the host stalled processes for {stalled:.0f} ms {how} during this test "
             f"(overloaded), at least the {slack_ms:.0f} ms of {why}; the failure "
             f"({first[:300]}) says nothing about the implementation") from exc

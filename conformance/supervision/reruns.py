@@ -27,6 +27,14 @@ time stays ``failed`` ("reproduced 5 of 5 runs"); a failure only sometimes is
 the *first* run: its counterexample and replay command (the run's seed) are
 the ones that failed; the re-runs only count.
 
+A *void* run is repeated before anything else: a test that ended in
+:class:`~conformance.errors.HostStalled` (a bound missed while the host kept
+processes from running past its slack) said nothing about the
+implementation, so it runs again with the same seed, up to ``reruns`` more
+times, until an attempt gives a verdict; that attempt is then the test's
+first run. Only when every attempt is void does the run error stand. The
+number of void attempts travels in :data:`VOID_PROPERTY`.
+
 Not re-run: tests that blocked (a hang would cost the watchdog limit again),
 unexpected passes of an expected failure, and tests that passed.
 
@@ -51,6 +59,7 @@ __all__ = [
     "DEFAULT_RERUNS",
     "PROPERTY",
     "SECONDS_PROPERTY",
+    "VOID_PROPERTY",
     "Tally",
     "fresh_seed",
     "run_with_reruns",
@@ -63,6 +72,9 @@ DEFAULT_RERUNS: Final = 4
 PROPERTY: Final = "zmq_reruns"
 #: The user property carrying the seconds the re-runs took (on the last phase only).
 SECONDS_PROPERTY: Final = "zmq_rerun_s"
+#: The user property counting the void attempts before the reported one (``"2"``); not
+#: ``zmq_``-prefixed, so the reports show it among the test's measurements.
+VOID_PROPERTY: Final = "void_runs"
 #: Properties that rule a re-run out (set by the plugin's makereport hook).
 _NO_RERUN: Final = ("zmq_blocked", "zmq_xpassed")
 
@@ -111,6 +123,17 @@ def wants_rerun(reports: Sequence[pytest.TestReport]) -> bool:
     return not any(name in names for name in _NO_RERUN)
 
 
+def is_void(reports: Sequence[pytest.TestReport]) -> bool:
+    """True when a phase ended in :class:`~conformance.errors.HostStalled` (a void run)."""
+    from conformance.errors import is_host_stall, skip_message
+
+    return any(
+        report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3
+        and is_host_stall(skip_message(str(report.longrepr[2])))
+        for report in reports
+    )
+
+
 def fresh_seed(base: object, nodeid: str, attempt: int) -> int:
     """A seed for re-run ``attempt`` of ``nodeid``: new, but reproducible from ``base``."""
     return random.Random(f"{base}|{nodeid}|{attempt}").getrandbits(64)
@@ -157,13 +180,23 @@ def run_with_reruns(
     *,
     run_once: RunOnce = _run_once,
 ) -> list[pytest.TestReport]:
-    """Run ``item``; if it failed, re-run it up to ``reruns`` times; return the first run's
-    reports (unlogged), each carrying the :class:`Tally` when re-runs happened.
+    """Run ``item`` (again while its run is void); if it failed, re-run it up to ``reruns``
+    times; return the first run's reports (unlogged), each carrying the :class:`Tally`
+    when re-runs happened.
 
     ``item.user_properties`` is restored after the re-runs, so what a test
     records (``record_property``) is the first run's.
     """
+    before = list(item.user_properties)
     reports = run_once(item, nextitem)
+    void = 0
+    while void < reruns and is_void(reports):
+        void += 1
+        item.user_properties[:] = before
+        reports = run_once(item, nextitem)
+    if void:
+        for report in reports:
+            report.user_properties.append((VOID_PROPERTY, str(void)))
     if reruns <= 0 or not wants_rerun(reports):
         return reports
     from hypothesis import core

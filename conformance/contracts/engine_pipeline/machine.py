@@ -50,7 +50,7 @@ from conformance.contracts.engine_pipeline.harness import (
     request_id,
 )
 from conformance.contracts.engine_pipeline.spec import PipelineSpec
-from conformance.errors import RunError
+from conformance.errors import HostStalled
 from conformance.testing import state_machines
 from reference_impl.engine_pipeline.wire import FinishReason
 
@@ -193,7 +193,7 @@ class PipelineMachine(RuleBasedStateMachine):
         if not inc.client.alive and lasted > 2 * PAUSE_MS:
             # The host, not the implementation, stretched the pause (an overloaded
             # machine): a death after a stop this long is no verdict either way.
-            raise RunError(f"PIPE-5: the engine's {PAUSE_MS} ms pause lasted {lasted:.0f} ms "
+            raise HostStalled(f"PIPE-5: the engine's {PAUSE_MS} ms pause lasted {lasted:.0f} ms "
                            "on this host (overloaded), and the client then saw a death")
         assert inc.client.alive, (f"PIPE-5: a {PAUSE_MS} ms pause of the engine (measured "
                                   f"{lasted:.0f} ms) was taken for a death (false death)")

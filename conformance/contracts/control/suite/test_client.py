@@ -31,7 +31,7 @@ from conformance.contracts.control.harness import (
     rig,
 )
 from conformance.contracts.control.spec import ControlSpec
-from conformance.errors import RunError
+from conformance.errors import HostStalled
 from conformance.supervision import host_stall
 
 Recorder = Callable[[str, object], None]
@@ -74,7 +74,7 @@ def _unless_host_stole(clause: str, since: float, took_s: float, bound_s: float,
     been in time), else return and let the caller's assertion judge."""
     stolen = host_stall.stolen_ms(since)
     if took_s * 1000 - stolen <= bound_s * 1000:
-        raise RunError(f"{clause}: {what} took {took_s * 1000:.0f} ms, over the "
+        raise HostStalled(f"{clause}: {what} took {took_s * 1000:.0f} ms, over the "
                        f"{bound_s * 1000:.0f} ms bound, but the host stalled processes for "
                        f"{stolen:.0f} ms meanwhile (overloaded): no verdict on the time")
 
@@ -210,7 +210,7 @@ def test_ctl5_silent_server_detected_within_window_then_alive(
             # the silence earlier than ``started``: a correct client then dies "early".
             stalled = host_stall.stall_ms(started - HEARTBEAT_TIMEOUT_MS / 1000, dead_at)
             if stalled >= early_by:
-                raise RunError(f"CTL-5: marked dead {early_by:.0f} ms before timeout - "
+                raise HostStalled(f"CTL-5: marked dead {early_by:.0f} ms before timeout - "
                                f"interval, but the host stalled processes for {stalled:.0f} ms "
                                "in the heartbeat timeout before (overloaded): the server may "
                                "have gone silent that much earlier; no verdict")

@@ -59,7 +59,7 @@ from conformance.contracts.p2p.strategies import (
     is_plausible_peer_id,
 )
 from conformance.contracts.p2p.strategies import messages as message_bodies
-from conformance.errors import CallBlocked, RunError
+from conformance.errors import CallBlocked, HostStalled
 from conformance.supervision import host_stall
 from conformance.testing import resources
 from conformance.testing.net import is_address_in_use
@@ -429,7 +429,7 @@ class ClusterMachine(RuleBasedStateMachine):
         return alive
 
     def _unless_host_starved(self, violation: Violation) -> NoReturn:
-        """Raise ``violation``, or a :class:`RunError` when the host stalled long enough
+        """Raise ``violation``, or :class:`HostStalled` when the host stalled long enough
         since the example started for a correct transport to lose a healthy connection to
         heartbeat starvation (stall + interval + 100 ms slack >= timeout; the chaos
         machine touches the connections instead, see ``docs/load-verdicts.md``)."""
@@ -437,7 +437,7 @@ class ClusterMachine(RuleBasedStateMachine):
         ivl = self.spec.heartbeat_ivl_ms or SUITE_HEARTBEAT_IVL_MS
         stalled = host_stall.stall_ms(self._stall_since)
         if stalled + ivl + _HOST_SLACK_MS >= timeout:
-            raise RunError(f"{violation.clause}: the host stalled processes for {stalled:.0f} "
+            raise HostStalled(f"{violation.clause}: the host stalled processes for {stalled:.0f} "
                            f"ms in this example (overloaded; heartbeat timeout {timeout} ms, "
                            f"interval {ivl} ms): a correct transport may lose a connection "
                            f"then, so this is no verdict ({violation})") from violation
