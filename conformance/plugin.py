@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from conformance.config import collection, options
+from conformance.config import collection, hypothesis_warmup, options
 from conformance.config import session as sessions
 from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.errors import ConfigError
@@ -87,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
     run_output.register(config, state)
     if state.opted_in:
         sessions.start_postmortem(config, state)
+        # Before any worker starts (they load what the controller built) and any test runs.
+        hypothesis_warmup.warm()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
