@@ -14,6 +14,7 @@ from pathlib import Path
 from plugin_project import make_project, run_pytest
 
 from conformance.config import hypothesis_warmup
+from conformance.supervision import postmortem
 
 TABLES_PROBE = '''
 import os
@@ -96,3 +97,34 @@ def test_reset_storage_empties_the_database_and_keeps_the_tables(tmp_path: Path)
     assert [p.name for p in storage.iterdir()] == [hypothesis_warmup.TABLES_DIR]
     assert _tables(storage) == ["charmap.json.gz"]
     hypothesis_warmup.reset_storage(tmp_path / "missing")  # no directory: nothing to do
+
+
+_RUNNER = '  File "/x/_pytest/runner.py", line 1 in pytest_runtest_call\n'
+
+
+def _stall(directory: Path, test_thread: str) -> str:
+    (directory / "gw0.test.json").write_text(
+        '{"nodeid": "s/t.py::t", "clauses": ["PROC-1"], "properties": {}, "stall_limit": 30}')
+    (directory / "gw0.trace").write_text(
+        "Timeout (0:00:30)!\nThread 0x1 (most recent call first):\n"
+        '  File "/x/execnet.py", line 9 in serve\n\n'
+        f"Thread 0x2 (most recent call first):\n{test_thread}{_RUNNER}")
+    crash = postmortem.examine(directory, "gw0", "s/t.py::t")
+    assert crash.verdict == "blocked"
+    return crash.reason
+
+
+def test_a_stall_in_hypothesis_code_says_so_in_the_reason(tmp_path: Path) -> None:
+    reason = _stall(tmp_path, '  File "/v/site-packages/hypothesis/internal/charmap.py", '
+                    "line 160 in intervals_from_codec\n"
+                    '  File "/v/site-packages/hypothesis/core.py", line 9 in run\n')
+    assert "Hypothesis's own code (intervals_from_codec in hypothesis/internal/charmap.py)" \
+        in reason
+    assert "not in a call into the implementation" in reason
+
+
+def test_a_stall_in_the_implementation_blames_no_one_else(tmp_path: Path) -> None:
+    reason = _stall(tmp_path, '  File "/v/site-packages/zmq/sugar/context.py", '
+                    "line 1 in __del__\n"
+                    '  File "/v/site-packages/hypothesis/core.py", line 9 in run\n')
+    assert "Hypothesis" not in reason
