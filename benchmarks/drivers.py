@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -125,22 +126,34 @@ def per_call(progress: Callable[[str], None]) -> dict[str, Any]:
     return out
 
 
-def _run_suite(contract: str, *, driver: bool, seed: int) -> tuple[float, dict[str, str], str]:
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every descendant reaped so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run_suite(contract: str, *, driver: bool,
+               seed: int) -> tuple[float, float, dict[str, str], str]:
+    """Wall seconds, CPU seconds, verdicts and the end of stdout of one suite run.
+
+    The CPU time is the whole tree's: the CLI, its pytest workers, and every
+    driver process and engine they started (each is reaped before the run ends,
+    so its time is in ``RUSAGE_CHILDREN``)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         which = (["--driver", python_driver(CONTRACTS[contract])] if driver
                  else ["--transport", CONTRACTS[contract]])
         cmd = [sys.executable, "-m", "conformance.cli", "run", "-q", "--contract", contract,
                *which, "--hypothesis-seed", str(seed), "--json", str(report)]
-        started = time.monotonic()
+        started, cpu_before = time.monotonic(), _children_cpu()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        wall = time.monotonic() - started
+        wall, cpu = time.monotonic() - started, _children_cpu() - cpu_before
         if not report.exists():
             raise RuntimeError(f"{' '.join(cmd)} wrote no report (exit {proc.returncode}):\n"
                                f"{proc.stderr[-2000:]}")
         data = json.loads(report.read_text())
         verdicts = {cid: str(entry["verdict"]) for cid, entry in data["clauses"].items()}
-        return wall, verdicts, proc.stdout[-1500:]
+        return wall, cpu, verdicts, proc.stdout[-1500:]
 
 
 def per_contract(contracts: list[str], repeats: int,
@@ -148,15 +161,19 @@ def per_contract(contracts: list[str], repeats: int,
     out: dict[str, Any] = {}
     for contract in contracts:
         walls: dict[str, list[float]] = {"in-process": [], "driver": []}
+        cpus: dict[str, list[float]] = {"in-process": [], "driver": []}
+        loads: list[float] = []
         differences: list[str] = []
         for trial in range(repeats):
             seed = 1000 + trial
             verdicts: dict[str, dict[str, str]] = {}
             for mode in ("in-process", "driver"):
                 progress(f"{contract}: {mode}, trial {trial + 1}/{repeats}")
-                wall, verdicts[mode], _ = _run_suite(contract, driver=mode == "driver",
-                                                     seed=seed)
+                wall, cpu, verdicts[mode], _ = _run_suite(contract, driver=mode == "driver",
+                                                          seed=seed)
                 walls[mode].append(wall)
+                cpus[mode].append(cpu)
+                loads.append(os.getloadavg()[0])
             differences += [
                 f"seed {seed}: {cid} {verdicts['in-process'].get(cid)} in-process, "
                 f"{verdicts['driver'].get(cid)} through the driver"
@@ -168,6 +185,13 @@ def per_contract(contracts: list[str], repeats: int,
             "in-process wall s": walls["in-process"],
             "driver wall s": walls["driver"],
             "ratio (medians)": driven.median / inproc.median,
+            "per-trial wall ratios": [d / i for i, d in zip(walls["in-process"],
+                                                            walls["driver"], strict=True)],
+            "in-process CPU s": cpus["in-process"],
+            "driver CPU s": cpus["driver"],
+            "CPU ratio (medians)": (statistics.median(cpus["driver"])
+                                    / statistics.median(cpus["in-process"])),
+            "load average (1 min) after each run": [round(x, 2) for x in loads],
             "same verdicts": not differences,
             "differences": differences,
         }
@@ -183,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="suite runs per mode (default 1)")
     parser.add_argument("--only", nargs="+", choices=[*CONTRACTS, "calls"],
                         default=[*CONTRACTS, "calls"])
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help=f"where the JSON goes (default {RESULTS.name} in benchmarks/results)")
     args = parser.parse_args(argv)
 
     def progress(line: str) -> None:
@@ -195,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if chosen:
         result["per contract"] = per_contract(chosen, args.repeats, progress)
     result["load average at end"] = _load()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(_markdown(result))
     return 0
 
@@ -212,13 +238,22 @@ def _markdown(result: dict[str, Any]) -> str:
         lines.append("")
     contracts = result.get("per contract")
     if contracts:
-        lines += ["| contract | in-process s | driver s | ratio | same verdicts |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += ["| contract | in-process s | driver s | wall ratio | per trial | "
+                  "CPU s in-process | CPU s driver | CPU ratio | load | same verdicts |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+        def series(values: list[float], form: str = ".0f") -> str:
+            return ", ".join(format(v, form) for v in values)
+
         for name, row in contracts.items():
             lines.append(
-                f"| {name} | {', '.join(f'{w:.0f}' for w in row['in-process wall s'])} | "
-                f"{', '.join(f'{w:.0f}' for w in row['driver wall s'])} | "
-                f"{row['ratio (medians)']:.2f} | {'yes' if row['same verdicts'] else 'NO'} |")
+                f"| {name} | {series(row['in-process wall s'])} | "
+                f"{series(row['driver wall s'])} | {row['ratio (medians)']:.2f} | "
+                f"{series(row['per-trial wall ratios'], '.2f')} | "
+                f"{series(row['in-process CPU s'])} | {series(row['driver CPU s'])} | "
+                f"{row['CPU ratio (medians)']:.2f} | "
+                f"{series(row['load average (1 min) after each run'], '.1f')} | "
+                f"{'yes' if row['same verdicts'] else 'NO'} |")
         for name, row in contracts.items():
             for difference in row["differences"]:
                 lines.append(f"- {name}: {difference}")

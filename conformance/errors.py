@@ -17,14 +17,24 @@ class CallBlocked(AssertionError):
     """A call into the implementation did not return within the watchdog limit.
 
     Reported as the verdict ``blocked`` for the clauses of the test that made
-    the call, never as a hung run. It subclasses ``AssertionError`` so that
-    Hypothesis treats it as a test failure and shrinks towards it.
+    the call, never as a hung run. ``call`` and ``seconds`` always name a call
+    that overran its *full* limit; ``then`` describes a later call that only
+    overran the shortened limit of a test that had already blocked. It
+    subclasses ``AssertionError`` so that Hypothesis treats it as a test
+    failure and shrinks towards it.
     """
 
-    def __init__(self, call: str, seconds: float) -> None:
-        super().__init__(f"{call} blocked for {seconds:.1f} s (watchdog)")
+    def __init__(self, call: str, seconds: float, *, then: str | None = None) -> None:
+        message = f"{call} blocked for {seconds:.1f} s (watchdog)"
+        if then is not None:
+            message += f"; {then}"
+        super().__init__(message)
         self.call = call
         self.seconds = seconds
+        #: A later call of the same test that overran only the cut limit left after this
+        #: block (:data:`conformance.supervision.watchdog.AFTER_BLOCK_LIMIT_S`): context,
+        #: never evidence of its own.
+        self.then = then
 
 
 #: How every run error's skip reason starts (the reports and the exit status find them by it).

@@ -102,7 +102,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller: hand each worker the postmortem directory and the stall limit."""
+    """xdist controller: hand each worker the postmortem directory and the stall limit.
+
+    Hypothesis's Unicode tables are built before this, in ``pytest_configure``
+    (:mod:`conformance.config.hypothesis_warmup`)."""
     sessions.configure_node(node)
 
 

@@ -122,6 +122,14 @@ def test_reports_and_replay_commands_name_the_contract() -> None:
     assert report.to_json()["contract"] == "kv-events-publisher"
 
 
+def test_replay_commands_of_a_driver_run_name_the_driver_not_its_label() -> None:
+    command = "./my-driver --flag"
+    ctx = ReplayContext(f"driver {command} (mine)", "ci", 3, driver=command)
+    cli, plain = ctx.commands("test_x")
+    assert "--driver './my-driver --flag'" in cli and "--transport" not in cli
+    assert "--zmq-driver './my-driver --flag'" in plain and "--zmq-transport" not in plain
+
+
 def test_pytest_option_picks_the_contract(tmp_path: Path) -> None:
     """``pytest --zmq-contract`` collects that contract's suite only; a bad name is a
     usage error naming the option."""

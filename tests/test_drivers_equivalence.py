@@ -32,6 +32,7 @@ CASES = {
                         "or death_during_startup or non_zero_exit or hostile_outputs or "
                         "reach_the_client or ready_deadline or (never_collide and tcp) or "
                         "dead_incarnation or rejected_during_shutdown or keyed_peers or "
+                        "client_close_is_bounded or "
                         "(hostile_handshakes and plain)"),
 }
 

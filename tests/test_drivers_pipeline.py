@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from plugin_project import REPO_ROOT, load_json, make_project, run_cli, verdicts
 
 from conformance import contracts
 from conformance.contracts.engine_pipeline.driver import from_protocol, to_protocol
@@ -28,6 +29,7 @@ from conformance.drivers import driver_spec, live_pids, shutdown
 from conformance.drivers.protocol import decode_body, encode_frame
 from reference_impl.engine_pipeline import EngineDead, UtilityFailed
 
+BROKEN_CLIENTS = Path(__file__).parent / "drivers"
 REFERENCE = "reference_impl.engine_pipeline:REFERENCE"
 PYTHON_DRIVER = f"{shlex.quote(sys.executable)} -m conformance.drivers.python {REFERENCE}"
 
@@ -98,3 +100,25 @@ def test_an_engine_failure_is_the_driver_process_exit_status(
         status = engine.exit_status(rig.death_bound_s + rig.shutdown_bound_s)
         assert status not in (None, 0), f"exit status {status}; {engine.describe()}"
         assert "raised" in engine.stderr_tail() or "failed" in engine.stderr_tail()
+
+
+@pytest.mark.parametrize(("broken", "clause", "test"), [
+    ("THREAD_LEFT", "PIPE-6", "client_close_is_bounded_and_leaves_nothing"),
+    ("CLIENT_LOGS_KEY", "PIPE-13", "keyed_peers_are_unaffected_and_no_key_leaks"),
+])
+def test_a_client_broken_inside_its_driver_process_is_caught(
+        tmp_path: Path, broken: str, clause: str, test: str) -> None:
+    """PIPE-6 counts the client driver's own threads after close, PIPE-13 reads its stderr:
+    a defect that stays in the driver process (a thread left there, a key logged there)
+    fails its clause (tests/drivers/broken_pipeline_clients.py). The reference passes
+    both tests through the driver in ``test_drivers_equivalence``."""
+    project = make_project(tmp_path / "proj")
+    driver = (f"{shlex.quote(sys.executable)} -m conformance.drivers.python "
+              f"broken_pipeline_clients:{broken}")
+    result = run_cli(project, "run", "--contract", "engine-pipeline", "--driver", driver,
+                     "--reruns", "0", "--json", "r.json", "-k", test,
+                     env={"PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(BROKEN_CLIENTS)))})
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    got = {cid: v for cid, v in verdicts(load_json(project / "r.json")).items()
+           if v != "skipped"}
+    assert got == {clause: "failed"}, got

@@ -44,6 +44,8 @@ TESTS: dict[str, tuple[str, ...]] = {
     "pipe_old_incarnation_outputs_delivered": ("test_no_output_of_a_dead_incarnation",),
     "pipe_utility_results_by_arrival": ("test_utility_calls_matched_failed_and_timed_out",),
     "pipe_adopted_with_old_incarnation_outputs": ("test_no_output_of_a_dead_incarnation",),
+    "pipe_ready_on_tcp_accept": (
+        "test_engine_stopped_in_its_output_handshake_is_not_alive_past_the_bound",),
     "pipe_startup_death_waits_for_deadline": (
         "test_death_between_hello_and_ready_ends_wait_ready",),
     "pipe_probe_then_bind_ports": ("test_concurrent_pipelines_never_collide",),

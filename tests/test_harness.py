@@ -187,6 +187,29 @@ def test_watchdog_nests_and_names_the_expired_call() -> None:
     assert info.value.call == "outer"
 
 
+def test_a_call_over_only_the_cut_limit_is_reported_as_the_first_block() -> None:
+    """After a block, later calls get 0.2 s; one that overruns only that (a slow but
+    correct factory, a round trip to a node process on a loaded host) names the test's
+    first full-limit block, never itself, as the call that blocked."""
+    watchdog.new_test()
+    try:
+        with pytest.raises(CallBlocked) as first, watchdog.guard("stuck send()", 0.3):
+            time.sleep(3)
+        assert first.value.call == "stuck send()" and first.value.then is None
+        started = time.monotonic()
+        with pytest.raises(CallBlocked) as later, watchdog.guard("factory() for b", 5.0):
+            time.sleep(3)
+        assert time.monotonic() - started < 2.0, "the limit was not cut after a block"
+        assert later.value.call == "stuck send()"
+        assert later.value.seconds == pytest.approx(0.3)
+        assert later.value.then is not None and "factory() for b" in later.value.then
+        assert "no verdict of its own" in str(later.value)
+    finally:
+        watchdog.new_test()
+    with watchdog.guard("factory() for b", 5.0):
+        time.sleep(0.3)  # whole limits again in the next test
+
+
 def test_watchdog_restores_a_foreign_timer() -> None:
     import signal
 

@@ -9,9 +9,10 @@ Hypothesis tests keep their own settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from hypothesis import HealthCheck, Phase, settings
+if TYPE_CHECKING:  # Hypothesis is imported where settings are built: the CLI never needs it
+    from hypothesis import settings
 
 from conformance.errors import ConfigError
 
@@ -66,6 +67,8 @@ def suite_settings(**overrides: Any) -> settings:
     a failure replays first on the next run; ``function_scoped_fixture`` is
     suppressed because suite tests build fresh nodes per example themselves.
     """
+    from hypothesis import HealthCheck, Phase, settings
+
     profile = _active
     values: dict[str, Any] = {
         "max_examples": profile.max_examples,
@@ -88,3 +91,32 @@ def scaled(count: int) -> int:
     ``--zmq-profile thorough`` digs deeper without touching the tests.
     """
     return max(1, round(count * active().repeat_scale))
+
+
+_unicode_tables_warm = False
+
+
+def warm_unicode_tables() -> None:
+    """Build Hypothesis' table of the characters UTF-8 can encode once, here, if missing.
+
+    ``st.text()`` draws from ``characters(codec="utf-8")``, whose table
+    Hypothesis computes on first use (every code point encoded: about 3 s
+    of CPU) and caches in its storage directory. In a fresh checkout every
+    xdist worker finds no cache and computes it at once, side by side: 3 s of
+    CPU each, and under heavy load long enough (30 s wall was seen at load
+    28) for the stall deadline to end the worker. The xdist controller calls
+    this before it starts the workers (same directory, same environment), so
+    the table is computed once and the workers read it. No drawing changes:
+    the table is the one Hypothesis would have computed in each worker.
+    """
+    global _unicode_tables_warm
+    if _unicode_tables_warm:
+        return
+    _unicode_tables_warm = True
+    try:
+        from hypothesis.internal import charmap
+
+        if not charmap.charmap_file("codec-v2-utf-8").exists():
+            charmap.intervals_from_codec("utf-8")
+    except Exception:  # an internal API that moved: the workers compute it as before
+        return

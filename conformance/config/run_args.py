@@ -23,7 +23,6 @@ from conformance.config import profiles, selection
 from conformance.config.loading import ENV_TRANSPORT, contract_spec_from_path
 from conformance.contracts import NODE_MODES
 from conformance.errors import ConfigError
-from conformance.reporting import xfail
 from conformance.supervision import postmortem
 
 __all__ = [
@@ -141,6 +140,8 @@ def pytest_args(
         contract_spec_from_path(contract, os.environ[ENV_TRANSPORT], overrides=overrides,
                                 option=ENV_TRANSPORT)
     if args.xfail_file:
+        from conformance.reporting import xfail  # pytest's: imported only when asked
+
         xfail.load(args.xfail_file, option="--xfail-file")
         out += ["--zmq-xfail-file", args.xfail_file]
     for path in args.suite:

@@ -29,9 +29,10 @@ import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytest
+if TYPE_CHECKING:  # pytest is imported by the plugin's side; the CLI needs none of it
+    import pytest
 
 from conformance import contracts
 from conformance.config.loading import DEFAULT_TRANSPORT, ENV_TRANSPORT, contract_spec_from_path
@@ -55,7 +56,18 @@ CHAOS_FIXTURES = "chaos.fixtures"
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 
-_SPEC_KEY = pytest.StashKey[dict[str, Any]]()
+_SPEC_KEY: Any = None
+
+
+def _spec_key() -> pytest.StashKey[dict[str, Any]]:
+    """The config stash key of the built specs (made on first use: it needs pytest)."""
+    global _SPEC_KEY
+    if _SPEC_KEY is None:
+        import pytest
+
+        _SPEC_KEY = pytest.StashKey[dict[str, Any]]()
+    key: pytest.StashKey[dict[str, Any]] = _SPEC_KEY
+    return key
 
 
 def choose_transport(
@@ -182,7 +194,7 @@ def spec_from_config(config: pytest.Config, contract: str | None = None) -> Any:
     For the session's contract that is the configured implementation; for
     another contract (its suite collected by hand) that contract's reference.
     """
-    cache = config.stash.setdefault(_SPEC_KEY, {})
+    cache = config.stash.setdefault(_spec_key(), {})
     session = configured_contract(config)
     name = contract or session.name
     if name not in cache:

@@ -76,6 +76,8 @@ class Remote:
         self._name = name
         #: The object was closed cleanly and its process went back to the pool.
         self._released = False
+        #: The process's threads before this object (or the one it belongs to) was built.
+        self._threads_before = dict(process.threads_before_object)
         #: How long the implementation spent in the last call, as the driver measured
         #: it around the call (``None``: the driver does not say). Clauses that bound
         #: how long a call takes its caller (EVT-3) judge this, not the protocol's
@@ -112,6 +114,21 @@ class Remote:
         processes.release(self._process)
         return result
 
+    # -- what the implementation left in its process -------------------------------------
+
+    def threads_left(self) -> list[str]:
+        """The threads of the driver process that were not there before this object was
+        built, as ``"name (tid N)"``: after a close, what the implementation left running
+        (PIPE-6 judges these where, in-process, it judges the test process's threads)."""
+        now = self._process.threads()
+        return [f"{name} (tid {tid})" for tid, name in sorted(now.items())
+                if tid not in self._threads_before]
+
+    def driver_log(self) -> str:
+        """Everything the driver process wrote on stderr (its log), up to its last MiB: the
+        implementation's own logs, which a clause about secrets reads (PIPE-13)."""
+        return self._process.log_text()
+
     # -- process faults (the PROC clauses signal the driver's process) -----------------
 
     @property
@@ -134,6 +151,7 @@ def build(command: str, contract: str, constructor: str, args: Mapping[str, Any]
     the process clean, so it goes back to the pool. Anything else ends it.
     """
     process = processes.acquire(command, contract)
+    process.threads_before_object = process.threads()
     try:
         result = process.call(0, constructor, args, what=what)
     except DriverReplyError as error:

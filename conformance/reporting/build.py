@@ -27,7 +27,7 @@ def build_report(config: pytest.Config, state: State) -> RunReport:
     if isinstance(seed, str) and seed.isdigit():
         seed = int(seed)
     context = ReplayContext(None if state.fixture_transport else transport, state.profile, seed,
-                            contract=state.contract)
+                            contract=state.contract, driver=_driver_command(config, state))
     narrowed = [
         f"{flag} {expr!r}"
         for flag, expr in (("-k", config.option.keyword), ("-m", config.option.markexpr))
@@ -45,6 +45,18 @@ def build_report(config: pytest.Config, state: State) -> RunReport:
         run_errors=[f"{r.nodeid}: {r.reason}" for r in state.results.values()
                     if is_run_error(r.reason)],
     )
+
+
+def _driver_command(config: pytest.Config, state: State) -> str | None:
+    """The driver command the implementation under test runs behind, if any."""
+    if state.fixture_transport:
+        return None
+    try:
+        found = selection.configured_driver(
+            config, transport_origin=selection.configured_transport(config)[1])
+    except ConfigError:
+        return None
+    return found[0] if found else None
 
 
 def _xfail_warnings(config: pytest.Config, state: State) -> list[str]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from conformance.clauses import Clause
@@ -333,13 +333,19 @@ class RunReport:
 
 @dataclass(frozen=True)
 class ReplayContext:
-    """What a replay command needs besides the test: how the run was configured."""
+    """What a replay command needs besides the test: how the run was configured.
+
+    ``driver`` is the driver command when the implementation runs behind one
+    (docs/drivers.md); the replay then names it with ``--driver``, since a
+    driver's label is no ``MODULE:ATTR``.
+    """
 
     transport: str | None
     profile: str
     seed: int | str | None
     chaos: bool = False
     contract: str = DEFAULT_CONTRACT
+    driver: str | None = None
 
     def commands(self, k_expr: str) -> tuple[str, str]:
         """``(zmq-conformance command, pytest command)`` rerunning ``k_expr``."""
@@ -348,7 +354,10 @@ class ReplayContext:
         if self.contract != DEFAULT_CONTRACT:
             cli += ["--contract", self.contract]
             plain += ["--zmq-contract", self.contract]
-        if self.transport:
+        if self.driver:
+            cli += ["--driver", self.driver]
+            plain += ["--zmq-driver", self.driver]
+        elif self.transport:
             cli += ["--transport", self.transport]
             plain += ["--zmq-transport", self.transport]
         cli += ["--profile", self.profile, "-k", k_expr]
@@ -446,8 +455,7 @@ def _verdict(
         if len(k_parts) == 1:
             k_expr = k_parts[0]
         chaos = clause.chaos or any(t.chaos for t in deciding)
-        ctx = ReplayContext(context.transport, context.profile, context.seed, chaos,
-                            context.contract)
+        ctx = replace(context, chaos=chaos)
         result.replay, result.replay_pytest = ctx.commands(k_expr)
     return result
 

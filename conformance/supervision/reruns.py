@@ -42,9 +42,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import pytest
+if TYPE_CHECKING:  # annotations only: the CLI reads tallies without importing pytest
+    import pytest
 
 __all__ = [
     "DEFAULT_RERUNS",
@@ -140,7 +141,7 @@ def _hypothesis_for_rerun(seed: int | None) -> Iterator[None]:
             engine.MAX_SHRINKING_SECONDS = saved_shrink
 
 
-RunOnce = Callable[[pytest.Item, "pytest.Item | None"], list[pytest.TestReport]]
+RunOnce = Callable[["pytest.Item", "pytest.Item | None"], "list[pytest.TestReport]"]
 
 
 def _run_once(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -59,6 +60,7 @@ def run(command: Sequence[str], *, report: Path | None = None,
             env=dict(env) if env is not None else None,
         )
         group = proc.pid
+        exited = _exit_descriptor(proc.pid)
         signalled_at: float | None = None
         reported_at: float | None = None
         while proc.poll() is None:
@@ -73,10 +75,33 @@ def run(command: Sequence[str], *, report: Path | None = None,
                 reported_at = time.monotonic()
             if reported_at is not None and time.monotonic() - reported_at > EXIT_GRACE_S:
                 _signal_group(group, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(_TICK_S)
+            _wait_a_tick(proc, exited)
         _reap_group(group)
+        if exited is not None:
+            os.close(exited)
     return Outcome(proc.returncode, received[0] if received else None)
+
+
+def _exit_descriptor(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux ``pidfd``), or ``None``."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.pidfd_open(pid)
+    return None
+
+
+def _wait_a_tick(proc: subprocess.Popen[bytes], exited: int | None) -> None:
+    """Wait up to :data:`_TICK_S` for the child to exit.
+
+    ``Popen.wait(timeout)`` polls with sleeps of half a millisecond and more,
+    a few hundred wake-ups a second for the whole run; a ``pidfd`` in
+    ``select`` sleeps until the child exits, a signal arrives or the tick ends.
+    """
+    if exited is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(_TICK_S)
+        return
+    select.select([exited], [], [], _TICK_S)
+    proc.poll()
 
 
 def _mtime(path: Path | None) -> int | None:

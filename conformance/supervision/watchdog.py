@@ -18,7 +18,19 @@ Once a call has blocked, the test's verdict is ``blocked``; Hypothesis then
 shrinks, re-running examples that each block again. So after a block, and
 until :func:`new_test`, every guard's limit is cut to
 :data:`AFTER_BLOCK_LIMIT_S`: the verdict stands on the full-limit block,
-and shrinking costs a fraction of a second per example instead of the limit. Guards nest:
+and shrinking costs a fraction of a second per example instead of the limit.
+A call that overruns only the cut limit is no evidence of its own (a correct
+node's factory or a round trip to a node process takes longer than 0.2 s on
+a loaded host): the :class:`CallBlocked` it raises names the test's first
+full-limit block as the call that blocked, and the later call only as
+``then`` (see ``docs/load-verdicts.md``).
+
+A limit counts only time the host let processes run: when a guard's deadline
+passes, the host stall measured since the call started
+(:mod:`conformance.supervision.host_stall`, running once :func:`new_test` has
+run) is added to its deadline, and the call is interrupted only when it has
+overrun its limit *plus* that stall. A call that really blocks still blocks,
+just later; a call that a host stalled for seconds is not ``blocked``. Guards nest:
 the earliest deadline of all open guards is armed, and the call named in the
 exception is the one whose own limit ran out. A timer someone else had armed
 (``pytest-timeout``'s signal method, for instance) is restored, minus the time
@@ -42,6 +54,7 @@ from types import FrameType
 from typing import Any, ParamSpec, TypeVar
 
 from conformance.errors import CallBlocked
+from conformance.supervision import host_stall
 
 __all__ = [
     "AFTER_BLOCK_LIMIT_S", "active", "call", "default_limit", "guard", "new_test", "note_block",
@@ -59,6 +72,8 @@ _DEFAULT_LIMIT_S = 5.0
 AFTER_BLOCK_LIMIT_S = 0.2
 #: Shortest timer ever armed (setitimer treats 0 as "disarm").
 _MIN_TIMER_S = 1e-4
+#: Host stall below this is not credited to a guard (the meter's resolution).
+_MIN_CREDIT_S = 0.02
 
 _default_limit_s = _DEFAULT_LIMIT_S
 
@@ -68,6 +83,11 @@ class _Guard:
     call: str
     limit: float
     deadline: float
+    #: The limit the caller asked for (``limit`` is less once the test has blocked).
+    full_limit: float
+    started: float = 0.0
+    #: Host stall already added to ``deadline`` (seconds).
+    credited: float = 0.0
     fired: bool = False
 
 
@@ -79,6 +99,9 @@ _saved_timer: tuple[float, float] = (0.0, 0.0)
 _saved_at = 0.0
 _progress: Callable[[], None] | None = None
 _blocked_in_test = False
+#: The call and limit of the test's first full-limit block (``None``: none yet, or the
+#: test's verdict was decided by :func:`note_block` without one).
+_first_block: tuple[str, float] | None = None
 _on_block: Callable[[], None] | None = None
 
 
@@ -125,9 +148,12 @@ def set_block_hook(hook: Callable[[], None] | None) -> None:
 
 
 def new_test() -> None:
-    """A test starts: limits are whole again (see the module docstring)."""
-    global _blocked_in_test
+    """A test starts: limits are whole again (see the module docstring), and the host-stall
+    meter runs (started here, before the test takes any resource snapshot)."""
+    global _blocked_in_test, _first_block
+    host_stall.start()
     _blocked_in_test = False
+    _first_block = None
 
 
 def note_block() -> None:
@@ -153,17 +179,17 @@ def guard(call: str, limit: float | None = None) -> Iterator[None]:
     ``limit`` defaults to :func:`default_limit`. Outside the main thread the
     body runs unguarded.
     """
-    seconds = _default_limit_s if limit is None else float(limit)
-    if not seconds > 0:
+    full = _default_limit_s if limit is None else float(limit)
+    if not full > 0:
         raise ValueError(f"watchdog limit must be positive, got {limit!r}")
-    if _blocked_in_test:
-        seconds = min(seconds, AFTER_BLOCK_LIMIT_S)
+    seconds = min(full, AFTER_BLOCK_LIMIT_S) if _blocked_in_test else full
     if _progress is not None:
         _progress()
     if not active():
         yield
         return
-    entry = _Guard(call, seconds, time.monotonic() + seconds)
+    now = time.monotonic()
+    entry = _Guard(call, seconds, now + seconds, full, started=now)
     if not _stack:
         _install()
     _stack.append(entry)
@@ -216,12 +242,42 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         _arm()
         return
     victim = min(expired, key=lambda g: g.deadline)
+    if _credit_host_stall(victim):
+        _arm()
+        return
     victim.fired = True
-    global _blocked_in_test
+    global _blocked_in_test, _first_block
+    if victim.limit < victim.full_limit:
+        # Only the cut limit ran out: the verdict stays the first block's.
+        then = (f"then {victim.call} overran the {victim.limit:.1f} s left to every later "
+                f"call of this test (its own limit is {victim.full_limit:.1f} s), which is no "
+                "verdict of its own")
+        if _first_block is None:
+            raise CallBlocked(victim.call, victim.limit,
+                              then="only the limit left after an earlier failure of this "
+                              "test decided its verdict")
+        raise CallBlocked(*_first_block, then=then)
     if not _blocked_in_test and _on_block is not None:
         _on_block()
     _blocked_in_test = True
+    if _first_block is None:
+        _first_block = (victim.call, victim.limit)
     raise CallBlocked(victim.call, victim.limit)
+
+
+def _credit_host_stall(entry: _Guard) -> bool:
+    """Move ``entry``'s deadline on by the host stall measured since it started and not
+    credited yet; True when that leaves it time (the limit counts only time the host let
+    processes run, so a loaded host never turns a slow call into ``blocked``)."""
+    if not host_stall.running():
+        return False
+    stolen = host_stall.stolen_ms(entry.started) / 1000
+    extra = stolen - entry.credited
+    if extra < _MIN_CREDIT_S:
+        return False
+    entry.credited = stolen
+    entry.deadline += extra
+    return entry.deadline > time.monotonic()
 
 
 @contextmanager
@@ -250,8 +306,11 @@ def suspended() -> Iterator[None]:
         yield
     finally:
         spent = time.monotonic() - started
+        # The host's stalls inside are part of ``spent``: never credit them a second time.
+        stolen = host_stall.stolen_ms(started) / 1000 if host_stall.running() else 0.0
         for entry in _stack[saved:_frozen]:
             entry.deadline += spent
+            entry.credited += stolen
         _frozen = saved
         if _stack:
             _arm()

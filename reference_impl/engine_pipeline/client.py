@@ -23,7 +23,12 @@ resolves utility calls by call id (late results are dropped), and watches
 for death three ways: the one-frame ``ENGINE_CORE_DEAD``, the end of an
 engine process (a pidfd, for engines on this host), and, with
 ``heartbeat_ivl_ms``, ZMTP heartbeats on the PULL (a paused engine: its
-connection is dropped after ``heartbeat_timeout_ms``). On death every
+connection is dropped after ``heartbeat_timeout_ms``). Heartbeats run only on
+a connection whose ZMTP handshake is done, so with them the PULL also bounds
+the handshake (``ZMQ_HANDSHAKE_IVL``: interval plus timeout) and ready waits
+for the engines' output handshakes, not only their TCP connections: an
+engine stopped between its connect and its greeting is dead as soon as a
+paused one would be (PIPE-5). On death every
 waiter and pending call is released with :class:`EngineDead`, later calls
 raise it at once, and outputs that arrive afterwards are dropped.
 
@@ -114,7 +119,10 @@ _ADOPT_POLL_MS: Final = 5
 #: What follows an engine's death (see the module docstring).
 RESTART_POLICIES: Final = ("none", "adopt")
 _monitor_ids = itertools.count()
-_ZERO_COPY_BYTES: Final = 65536
+_SNDMORE: Final = int(zmq.SNDMORE)
+#: Bound once: a class attribute lookup on an Enum costs a descriptor call.
+_ADD: Final = RequestType.ADD
+_NOBLOCK: Final = int(zmq.NOBLOCK)
 _IDENTITIES: Final = {i: wire.engine_identity(i) for i in range(64)}
 #: Receive limit of the handshake and request sockets (HELLO, READY, a registration).
 CONTROL_FRAME_LIMIT: Final = 64 << 10
@@ -123,8 +131,12 @@ _OUTPUT_FRAME_SLACK: Final = 64 << 10
 _ZAP_POLL_MS: Final = 50
 
 
-class RequestOutput(msgspec.Struct, frozen=True):
-    """One output of one request, as :meth:`EngineClient.outputs` returns it."""
+class RequestOutput(msgspec.Struct, frozen=True, gc=False):
+    """One output of one request, as :meth:`EngineClient.outputs` returns it.
+
+    Not tracked by the cyclic garbage collector (one per token; no cycle runs
+    through it, as for the wire structs: see :mod:`.wire`).
+    """
 
     request_id: str
     token_ids: list[int]
@@ -196,6 +208,10 @@ class EngineClient:
         self._monitor: zmq.Socket[bytes] | None = None
         #: Output connections accepted and still up (fds, from the monitor).
         self._output_fds: set[int] = set()
+        #: Output connections whose ZMTP handshake succeeded, so far (the monitor's event
+        #: names no fd: a count), and that count when ``_engine_fds`` was last taken.
+        self._output_handshakes = 0
+        self._handshakes_at_adoption = 0
         #: The engines' output connections: those up when the client became ready.
         self._engine_fds: frozenset[int] | None = None
         self._sockets: list[zmq.Socket[bytes]] = []
@@ -266,6 +282,11 @@ class EngineClient:
             sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
             sock.setsockopt(zmq.HEARTBEAT_TTL, self.heartbeat_timeout_ms)
+            # A connection still in its handshake has no heartbeat (libzmq starts it after
+            # the handshake); this bounds that phase as the heartbeat bounds the rest, so a
+            # peer stopped mid-handshake is dropped (DISCONNECTED) as a paused one is,
+            # instead of after libzmq's default 30 s.
+            sock.setsockopt(zmq.HANDSHAKE_IVL, self._handshake_deadline_ms)
         if endpoint.startswith("ipc://"):
             path = endpoint[len("ipc://"):]
             _claim_ipc_path(path)
@@ -350,7 +371,7 @@ class EngineClient:
             if death is not None:
                 self._die(death)
                 raise self._dead_error()
-        self._adopt_output_connections(deadline)
+        self._adopt_output_connections(deadline, limit_ms)
         self._ready = True
         self._io_thread = threading.Thread(target=self._io_loop, daemon=True,
                                            name=f"engine-client{self.client_index}-io")
@@ -482,12 +503,15 @@ class EngineClient:
             return
         if self._monitor is not None:
             # The output connections up now are the engines' again (as at ready): the dead
-            # incarnation's are gone, the replacement's must be there (PIPE-14).
+            # incarnation's are gone, the replacement's must be there, handshake done
+            # (PIPE-14, PIPE-5).
             while self._monitor.poll(0):
                 self._on_monitor_event(self._monitor.recv_multipart())
-            if len(self._output_fds) < len(self.engine_indices):
-                return  # the replacement's PUSH is not accepted yet: the next turn
+            if len(self._output_fds) < len(self.engine_indices) or \
+                    self._output_handshakes - self._handshakes_at_adoption < len(self._adopted):
+                return  # the replacement's PUSH is not up yet: the next turn
             self._engine_fds = frozenset(self._output_fds)
+            self._handshakes_at_adoption = self._output_handshakes
         with self._state:
             if self._closed:
                 return
@@ -508,10 +532,11 @@ class EngineClient:
         if target not in self.engine_indices:
             raise ValueError(f"engine {target} is not one of {self.engine_indices}")
         request = AddRequest(request_id, list(prompt), max_tokens, self.client_index,
-                             wire.prepare(payload))
+                             None if payload is None else wire.prepare(payload))
         with self._send_lock:
             frames = self._encoder.encode(request)
-            size = sum(memoryview(f).nbytes for f in frames)
+            size = (len(frames[0]) if len(frames) == 1  # the blob alone: a bytearray
+                    else sum(memoryview(f).nbytes for f in frames))
             if size > self.max_message_bytes:
                 raise MessageTooLarge(f"request {request_id!r} encodes to {size} bytes; "
                                       f"max_message_bytes is {self.max_message_bytes}")
@@ -521,7 +546,7 @@ class EngineClient:
                     raise DuplicateRequest(f"request {request_id!r} is still in flight")
                 self._requests[request_id] = target
             try:
-                self._send(target, RequestType.ADD, frames)
+                self._send(target, _ADD, frames)
             except BaseException:
                 with self._state:
                     self._requests.pop(request_id, None)
@@ -565,11 +590,24 @@ class EngineClient:
                 self._calls.pop(call_id, None)
 
     def _send(self, target: int, kind: RequestType, frames: list[Any]) -> None:
+        """``[identity, type byte, blob, aux...]`` on the request ROUTER (send lock held).
+
+        One ``send`` per frame with plain int flags: ``send_multipart`` ORs an
+        enum flag per frame and checks every part again, which cost about
+        three times the sends themselves. Blob and aux frames go
+        ``copy=False``: pyzmq copies those below its 64 KiB threshold anyway
+        and sends larger ones zero-copy (the blob is a fresh buffer; aux
+        frames are the caller's arrays and bytes, as before). The identity
+        frame goes first: with ``ROUTER_MANDATORY`` an engine that is not
+        connected fails it with ``EHOSTUNREACH`` before anything is queued.
+        """
+        sock = self._input
         try:
-            # Zero-copy only pays for large frames (pyzmq copies below 64 KiB anyway).
-            large = any(memoryview(f).nbytes >= _ZERO_COPY_BYTES for f in frames)
-            self._input.send_multipart([_IDENTITIES.get(target) or wire.engine_identity(target),
-                                        kind.value, *frames], copy=not large)
+            sock.send(_IDENTITIES.get(target) or wire.engine_identity(target), _SNDMORE)
+            sock.send(kind, _SNDMORE)  # a bytes enum: the member is its type byte
+            last = len(frames) - 1
+            for position, frame in enumerate(frames):
+                sock.send(frame, _SNDMORE if position < last else 0, copy=False)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._die(f"engine {target} is not connected (EHOSTUNREACH)")
@@ -622,7 +660,7 @@ class EngineClient:
                     before = self._delivered
                     for _ in range(256):
                         try:
-                            frames = self._output.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = wire.recv_frames(self._output, _NOBLOCK)
                         except zmq.Again:
                             break
                         self._on_output(frames, decoders)
@@ -649,7 +687,8 @@ class EngineClient:
             self._die(f"the client's I/O thread failed: {type(exc).__name__}: {exc}")
 
     def _on_output(self, frames: list[Any], decoders: wire.Decoders) -> None:
-        if len(frames) == 1 and frames[0].bytes == ENGINE_CORE_DEAD:
+        if len(frames) == 1 and len(frames[0]) == len(ENGINE_CORE_DEAD) \
+                and frames[0].bytes == ENGINE_CORE_DEAD:
             self._die("an engine reported a fatal error (ENGINE_CORE_DEAD)")
             return
         try:
@@ -669,17 +708,21 @@ class EngineClient:
                         future.set_exception(UtilityFailed(utility.failure_message))
                     else:
                         future.set_result(utility.result)
+            requests = self._requests
+            append = self._outputs.append
+            engine = message.engine_index
             delivered = False
             for out in message.outputs:
-                if self._requests.get(out.request_id) != message.engine_index:
+                rid = out.request_id
+                if requests.get(rid) != engine:
                     self.dropped_frames += 1  # unknown, finished, or another engine's
                     continue
-                reason = None if out.finish_reason is None else _finish(out.finish_reason)
+                reason = out.finish_reason
                 if reason is not None:
-                    del self._requests[out.request_id]
-                self._outputs.append(RequestOutput(out.request_id, out.new_token_ids,
-                                                   reason, message.engine_index,
-                                                   out.payload, out.detail))
+                    reason = _finish(reason)
+                    del requests[rid]
+                append(RequestOutput(rid, out.new_token_ids, reason, engine, out.payload,
+                                     out.detail))
                 delivered = True
             if delivered:
                 self._delivered += 1
@@ -687,22 +730,33 @@ class EngineClient:
     def _start_monitor(self) -> zmq.Socket[bytes]:
         """Watch the output PULL from its bind on, so every engine's connection is seen."""
         endpoint = f"inproc://engine-client-monitor-{os.getpid()}-{next(_monitor_ids)}"
-        self._output.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._output.monitor(endpoint, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                             | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         monitor = self._ctx.socket(zmq.PAIR)
         monitor.setsockopt(zmq.LINGER, 0)
         monitor.connect(endpoint)
         self._sockets.append(monitor)
         return monitor
 
-    def _adopt_output_connections(self, deadline: float) -> None:
+    @property
+    def _handshake_deadline_ms(self) -> int:
+        """How long an output connection may take its ZMTP handshake (with heartbeats):
+        what a heartbeat needs to notice a paused peer, interval plus timeout."""
+        return self.heartbeat_ivl_ms + self.heartbeat_timeout_ms
+
+    def _adopt_output_connections(self, deadline: float, limit_ms: int) -> None:
         """At ready: the output connections up now are the engines' (PIPE-14).
 
         A lost connection is a dead engine only if it was one of these: a stranger's
         garbage, a refused CURVE handshake or a port scan on the output port also
         end in a disconnection, after ready (restart ``none``: no engine joins later;
         ``adopt`` renews the set at each adoption). Waits, within the ready deadline,
-        until one connection per engine is up (an engine connects its PUSH with its
-        DEALER, so it is there already).
+        until one connection per engine is up and as many handshakes succeeded (an
+        engine connects its PUSH with its DEALER, so it is there already, but its ZMTP
+        handshake may still be under way: an engine stopped then would never start
+        the heartbeat that detects it; the handshake deadline covers what is left).
+        :class:`ReadyTimeout` if they are not all there by the deadline: an engine whose
+        outputs cannot arrive is not ready.
         """
         monitor = self._monitor
         if monitor is None:
@@ -711,10 +765,17 @@ class EngineClient:
             while monitor.poll(0):
                 self._on_monitor_event(monitor.recv_multipart())
             left = deadline - time.monotonic()
-            if len(self._output_fds) >= len(self.engine_indices) or left <= 0:
+            engines = len(self.engine_indices)
+            if len(self._output_fds) >= engines and self._output_handshakes >= engines:
                 break
+            if left <= 0:
+                raise ReadyTimeout(
+                    f"client {self.client_index}: the engines' output connections were not "
+                    f"all up within {limit_ms} ms ({len(self._output_fds)} of {engines} "
+                    f"connected; {self._output_handshakes} ZMTP handshake(s) done)")
             monitor.poll(int(min(left, 0.05) * 1000) + 1)
         self._engine_fds = frozenset(self._output_fds)
+        self._handshakes_at_adoption = self._output_handshakes
 
     def _on_monitor_event(self, frames: list[bytes]) -> None:
         if not frames or len(frames[0]) < 6:
@@ -722,11 +783,15 @@ class EngineClient:
         event, fd = struct.unpack("=HI", frames[0][:6])
         if event == zmq.EVENT_ACCEPTED:
             self._output_fds.add(fd)
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._output_handshakes += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self._output_fds.discard(fd)
             if self._engine_fds is not None and fd in self._engine_fds:
                 self._die("an engine's output connection was lost (no heartbeat within "
-                          f"{self.heartbeat_timeout_ms} ms, or the engine went away)")
+                          f"{self.heartbeat_timeout_ms} ms, no handshake within "
+                          f"{self._handshake_deadline_ms} ms, or the "
+                          "engine went away)")
 
     # -- death and close ------------------------------------------------------------
 
@@ -804,11 +869,15 @@ class _Adoption:
             self.watch.close()
 
 
+_FINISH_REASONS: Final = {int(reason): reason for reason in FinishReason}
+
+
+_ERROR: Final = FinishReason.ERROR
+
+
 def _finish(value: int) -> FinishReason:
-    try:
-        return FinishReason(value)
-    except ValueError:
-        return FinishReason.ERROR
+    """The finish reason ``value`` names; ERROR for a value the profile does not know."""
+    return _FINISH_REASONS.get(value, _ERROR)
 
 
 def _claim_ipc_path(path: str) -> None:

@@ -106,6 +106,14 @@ _WATCH_EVERY_S: Final = 0.05
 #: Receive limit of the handshake socket (WELCOME, REFUSED).
 _HANDSHAKE_FRAME_LIMIT: Final = 64 << 10
 
+_NOBLOCK: Final = int(zmq.NOBLOCK)
+_SNDMORE: Final = int(zmq.SNDMORE)
+_SNDMORE_NOBLOCK: Final = _SNDMORE | _NOBLOCK
+# Enum members bound once: a class attribute lookup on an Enum costs a descriptor call.
+_ADD: Final = RequestType.ADD
+_ABORT: Final = RequestType.ABORT
+_UTILITY: Final = RequestType.UTILITY
+
 _Fatal = tuple[str, BaseException]
 
 
@@ -263,7 +271,7 @@ class EngineCore:
                     # Drain: with the main loop stepping, each wake-up costs a GIL hand-off.
                     for _ in range(_INPUT_BATCH):
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = wire.recv_frames(sock, _NOBLOCK)
                         except zmq.Again:
                             break
                         self._accept_frames(frames, decoders)
@@ -323,16 +331,16 @@ class EngineCore:
         value: Any = item[1]
         if isinstance(kind, str):
             return (kind, value)
-        if kind is RequestType.ADD:
+        if kind is _ADD:
             if 0 <= value.client_index < len(self._pushes):
                 self.model.add(value)
             else:
                 self.dropped_frames += 1
                 log.warning("engine %d: ADD %r names client %d of %d", self.engine_index,
                             value.request_id, value.client_index, len(self._pushes))
-        elif kind is RequestType.ABORT:
+        elif kind is _ABORT:
             self.model.abort(value)
-        elif kind is RequestType.UTILITY:
+        elif kind is _UTILITY:
             self._run_utility(sender, *value)
         return None
 
@@ -353,8 +361,9 @@ class EngineCore:
         if not produced:
             return
         first = produced[0][0]
-        if all(client_index == first for client_index, _ in produced):
-            sender.send(first, EngineOutputs(self.engine_index, [o for _, o in produced]))
+        outputs = [o for client_index, o in produced if client_index == first]
+        if len(outputs) == len(produced):  # one pass for the check and the list
+            sender.send(first, EngineOutputs(self.engine_index, outputs))
             return
         per_client: dict[int, list[EngineOutput]] = {}
         for client_index, output in produced:
@@ -436,10 +445,11 @@ class _OutputSender:
         takes the rest of a multipart message whole.
         """
         last = len(frames) - 1
-        tracker = sock.send(frames[0], (zmq.SNDMORE if last else 0) | zmq.NOBLOCK,
+        # Plain int flags: OR-ing pyzmq's enum flags costs more than a small send.
+        tracker = sock.send(frames[0], _SNDMORE_NOBLOCK if last else _NOBLOCK,
                             copy=False, track=True)
         for position in range(1, last + 1):
-            sock.send(frames[position], (zmq.SNDMORE if position < last else 0), copy=False)
+            sock.send(frames[position], _SNDMORE if position < last else 0, copy=False)
         assert isinstance(tracker, zmq.MessageTracker)
         return tracker
 

@@ -75,8 +75,10 @@ def test_a_proxy_overrunning_its_latency_is_noted_not_judged(own_server: Toxipro
         _late_proxy_schedule(machine, own_server)
     finally:
         machine.teardown()
-    assert len(machine.proxy_overruns) == 1, machine.proxy_overruns
-    assert "latency(latency=75, jitter=0) on n1" in machine.proxy_overruns[0]
+    # A host stall of a loaded machine is noted too (load-verdicts); count the proxy's.
+    proxy_lines = [line for line in machine.proxy_overruns if not line.startswith("the host")]
+    assert len(proxy_lines) == 1, machine.proxy_overruns
+    assert "latency(latency=75, jitter=0) on n1" in proxy_lines[0]
 
 
 def test_without_the_probe_the_same_schedule_is_the_old_false_hb2(

@@ -215,6 +215,9 @@ class ClientFactory:
     client in one driver process. Every option is passed through as it is."""
 
     resources_counted: Final = True
+    #: The client logs in its driver process, not the test's: the suite passes the host
+    #: option ``log_level`` (section 8) where it reads the client's logs (PIPE-13).
+    accepts_log_level: Final = True
 
     def __init__(self, command: str) -> None:
         self.driver_command = command

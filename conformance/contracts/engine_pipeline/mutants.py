@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import pickle
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -88,6 +89,25 @@ class NoReadyDeadlineClient(HeartbeatClient):
 
     def wait_ready(self, timeout_ms: int | None = None) -> None:
         super().wait_ready(30_000)
+
+
+class ReadyOnTcpAcceptClient(HeartbeatClient):
+    """Takes an engine's output connection for up once it is accepted, before its ZMTP
+    handshake, and leaves libzmq's 30 s handshake deadline: an engine stopped between its
+    PUSH's connect and its greeting runs no heartbeat and is never seen dead."""
+
+    @property
+    def _handshake_deadline_ms(self) -> int:
+        return 30_000
+
+    def _adopt_output_connections(self, deadline: float, limit_ms: int) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while len(self._output_fds) < len(self.engine_indices) and time.monotonic() < deadline:
+            if monitor.poll(50):
+                self._on_monitor_event(monitor.recv_multipart())
+        self._engine_fds = frozenset(self._output_fds)
 
 
 class FixedIpcPathClient(HeartbeatClient):
@@ -446,6 +466,7 @@ INPUT_THREAD_DIES = _impl(engine=InputThreadDiesEngine)
 ACCEPTS_PICKLE = _impl(engine=AcceptsPickleEngine)
 ABORTS_TO_CLIENT_ZERO = _impl(engine=AbortsToClientZeroEngine)
 NO_READY_DEADLINE = _impl(client=NoReadyDeadlineClient)
+READY_ON_TCP_ACCEPT = _impl(client=ReadyOnTcpAcceptClient)
 FIXED_IPC_PATH = _impl(client=FixedIpcPathClient)
 OLD_INCARNATION = _impl(client=OldIncarnationClient)
 FIFO_UTILITY = _impl(client=FifoUtilityClient)
@@ -505,6 +526,10 @@ CATALOG: Final[tuple[Mutant, ...]] = (
     _m("pipe_adopted_with_old_incarnation_outputs", "ADOPTS_OLD_INCARNATION",
        "restart adopt: the replacement is adopted but the dead incarnation's requests stay in "
        "flight, so its late outputs are delivered", "PIPE-11"),
+    _m("pipe_ready_on_tcp_accept", "READY_ON_TCP_ACCEPT",
+       "the client takes an engine's output connection for up at its TCP accept, before the "
+       "ZMTP handshake (where no heartbeat runs) and with libzmq's 30 s handshake deadline: an "
+       "engine stopped in between is never seen dead", "PIPE-5"),
     _m("pipe_startup_death_waits_for_deadline", "STARTUP_DEATH_IGNORED",
        "wait_ready() does not watch greeted engines: an engine dead between HELLO and READY "
        "is waited for until the ready deadline", "PIPE-5"),

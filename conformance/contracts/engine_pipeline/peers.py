@@ -55,6 +55,8 @@ class RawEngine:
         self._pid = os.getpid() if pid is None else pid
         self.dealer: zmq.Socket[bytes] | None = None
         self.push: zmq.Socket[bytes] | None = None
+        #: The output connection of :meth:`join` with ``silent_output``.
+        self.silent_output: _socket.socket | None = None
         self._encoder = wire.Encoder()
         self.decoders = wire.Decoders()
 
@@ -77,17 +79,24 @@ class RawEngine:
             return None
         return wire.decode_handshake(self._hs.recv())
 
-    def join(self, timeout_s: float = 5.0, *, say_ready: bool = True) -> dict[str, Any]:
+    def join(self, timeout_s: float = 5.0, *, say_ready: bool = True,
+             silent_output: bool = False) -> dict[str, Any]:
         """The whole handshake; returns the WELCOME (AssertionError if refused or silent).
-        With ``say_ready`` False it stops short of READY (an engine dying in startup)."""
+        With ``say_ready`` False it stops short of READY (an engine dying in startup).
+        With ``silent_output`` the output connection is a plain stream socket, connected
+        before the DEALER registers, that never sends a ZMTP greeting: an engine stopped
+        between its PUSH's connect and its greeting (READY is still said)."""
         welcome = self.hello(timeout_s)
         assert welcome is not None, "the client never answered the suite engine's HELLO"
         assert welcome["status"] == "WELCOME", f"the client refused the suite engine: {welcome}"
         self.dealer = self._socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.IDENTITY, wire.engine_identity(self.engine_index))
         self.dealer.connect(str(welcome["input"]))
-        self.push = self._socket(zmq.PUSH)
-        self.push.connect(str(welcome["output"]))
+        if silent_output:
+            self.silent_output = _stream_connection(str(welcome["output"]), timeout_s)
+        else:
+            self.push = self._socket(zmq.PUSH)
+            self.push.connect(str(welcome["output"]))
         self.dealer.send(b"")
         if say_ready:
             self._hs.send(wire.encode_handshake({"status": "READY",
@@ -135,7 +144,20 @@ class RawEngine:
         for sock in (self._hs, self.dealer, self.push):
             if sock is not None:
                 sock.close(linger=0)
+        if self.silent_output is not None:
+            self.silent_output.close()
         self._ctx.term()
+
+
+def _stream_connection(endpoint: str, timeout_s: float) -> _socket.socket:
+    """A plain connection to a ``tcp://host:port`` or ``ipc://path`` endpoint."""
+    if endpoint.startswith("ipc://"):
+        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        conn.settimeout(timeout_s)
+        conn.connect(endpoint[len("ipc://"):])
+        return conn
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    return _socket.create_connection((host.strip("[]"), int(port)), timeout_s)
 
 
 class RawClient:

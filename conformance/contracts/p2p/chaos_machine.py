@@ -56,6 +56,7 @@ from hypothesis.stateful import precondition, rule
 from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p.delay_probe import DelayProbe
 from conformance.contracts.p2p.faults import Fault
+from conformance.contracts.p2p.harness import Connection, Node
 from conformance.contracts.p2p.machines import ClusterMachine, ClusterModel, NodeRef, Violation
 from conformance.contracts.p2p.machines.model import ConnModel, MessageModel
 from conformance.contracts.p2p.spec import (
@@ -64,6 +65,7 @@ from conformance.contracts.p2p.spec import (
     TransportSpec,
 )
 from conformance.contracts.p2p.topology import ChaosCluster
+from conformance.supervision import host_stall
 
 __all__ = ["ChaosMachine", "ChaosModel"]
 
@@ -188,6 +190,8 @@ class ChaosMachine(ClusterMachine):
         self._overran: set[int] = set()
         #: One line per overrun: an infrastructure limitation, not a verdict.
         self.proxy_overruns: list[str] = []
+        # The host stalls like an overrunning proxy, for every node at once (load-verdicts).
+        self._host_overran = False
         timeout = spec.heartbeat_timeout_ms or SUITE_HEARTBEAT_TIMEOUT_MS
         self._timeout_ms = timeout
         self._ivl_ms = spec.heartbeat_ivl_ms or SUITE_HEARTBEAT_IVL_MS
@@ -359,9 +363,37 @@ class ChaosMachine(ClusterMachine):
         if error is not None:
             raise error
 
+    def _adopt_inbound(self, node: Node, proxy: Connection) -> ConnModel | None:
+        """As in the cluster machine, after the overrun checks: a new inbound connection
+        from a peer whose entry a host stall killed is no CONN-2 duplicate."""
+        self._check_probes()
+        return super()._adopt_inbound(node, proxy)
+
+    def _check_host(self) -> None:
+        """A host stall (``conformance.supervision.host_stall``) that leaves less than
+        :data:`PROXY_SLACK_MS` between the heartbeat interval and the timeout starves
+        heartbeats as an overrunning proxy does, on every node at once: every connection
+        is touched for the rest of the example and the stall noted in
+        :attr:`proxy_overruns` (seen: CONN-2 on the reference at load 25-33, a connection
+        that died under a 584 ms stall taken for a duplicate)."""
+        if self._host_overran:
+            return
+        stalled = host_stall.stall_ms(self._stall_since)
+        if stalled + self._ivl_ms + PROXY_SLACK_MS < self._timeout_ms:
+            return
+        self._host_overran = True
+        self.proxy_overruns.append(
+            f"the host stalled processes for {stalled:.0f} ms (+ {self._ivl_ms} ms interval + "
+            f"{PROXY_SLACK_MS} ms slack >= {self._timeout_ms} ms timeout); deaths from then "
+            "on are not judged (HB-2, CONN-2)")
+        for name in self.model.nodes:
+            self.model.proxy_overran(name)
+
     def _check_probes(self) -> None:
         """Touch the connections behind every proxy whose measured delay leaves less
-        than :data:`PROXY_SLACK_MS` between the heartbeat interval and the timeout."""
+        than :data:`PROXY_SLACK_MS` between the heartbeat interval and the timeout, and
+        every connection once the host stalled that long (:meth:`_check_host`)."""
+        self._check_host()
         for fault in self.cluster.faults.active:
             probe = self._probe_of.get(id(fault))
             if probe is None or id(fault) in self._overran:

@@ -38,6 +38,9 @@ CURVE_OPTIONS: Final = ("curve_server_secret_key", "curve_allowed_client_keys",
                         "curve_client_secret_key", "curve_server_key")
 HEARTBEAT_OPTIONS: Final = ("heartbeat_ivl_ms", "heartbeat_timeout_ms", "heartbeat_ttl_ms")
 OPTIONS: Final = (*HEARTBEAT_OPTIONS, *CURVE_OPTIONS)
+#: How long an ``alive`` read by ``poll_drain`` answers for the connection (seconds),
+#: while nothing else is asked of its process.
+ALIVE_FRESH_S: Final = 0.05
 
 ERRORS: ErrorTable = {
     "duplicate": lambda message, error: DuplicateConnectionError(message),
@@ -78,14 +81,34 @@ class TransportFactory:
 
 
 class DriverConnection(Remote):
-    """A connection of a driver's transport; ``peer_id`` is read once, the rest are calls."""
+    """A connection of a driver's transport; ``peer_id`` is read once, the rest are calls.
+
+    After a ``poll_drain`` (see :meth:`DriverTransport.poll`) it holds what the
+    driver read for it right after that poll: the messages ``recv()`` returned
+    there, and ``alive``. Those messages are the suite's from then on, and the
+    next ``recv()`` returns them first. While nothing else has been asked of the
+    process since, ``recv()`` returns them alone and ``alive`` the value read
+    then, without a round trip: what the same calls made at that moment would
+    have returned, which is when an in-process caller polling in a loop makes them.
+    ``alive`` read so stays good for :data:`ALIVE_FRESH_S` at most: a loop that
+    waits for it to change without polling still sees an implementation whose
+    own threads change it, as it would in-process.
+    """
 
     errors: ClassVar[ErrorTable] = ERRORS
 
     def __init__(self, transport: DriverTransport, handle: int, peer_id: Any) -> None:
         super().__init__(transport._process, handle,
                          f"connection {handle} to {peer_id} of {transport._name}")
+        self._transport = transport
         self._peer_id = peer_id
+        self.closed = False
+        #: Messages read for this connection by a ``poll_drain``, not yet returned.
+        self._pending: list[Any] = []
+        #: ``process.calls`` when they were read (``None``: the next recv() asks).
+        self._drained_at: int | None = None
+        #: ``(process.calls, time.monotonic(), alive)`` as the last ``poll_drain`` read it.
+        self._alive_read: tuple[int, float, Any] | None = None
 
     @property
     def peer_id(self) -> Any:
@@ -93,19 +116,50 @@ class DriverConnection(Remote):
 
     @property
     def alive(self) -> Any:
+        if not self._alive_current():
+            self._transport._read_alive()
+        read = self._alive_read
+        if read is not None and self._alive_current():
+            return read[2]
         return self._call("alive")
+
+    def _alive_current(self) -> bool:
+        read = self._alive_read
+        return (read is not None and read[0] == self._process.calls
+                and time.monotonic() - read[1] < ALIVE_FRESH_S)
 
     def send(self, msg: Any) -> None:
         self._call("send", {"msg": msg})
 
     def recv(self) -> Any:
-        return self._call("recv")
+        pending, self._pending = self._pending, []
+        if self._drained_at is not None and self._drained_at == self._process.calls:
+            self._drained_at = None
+            return pending
+        self._drained_at = None
+        try:
+            got = self._call("recv")
+        except BaseException:
+            self._pending = pending + self._pending  # still the suite's, for the next recv()
+            raise
+        if not pending:
+            return got
+        return pending + got if isinstance(got, list) else got
 
     def mark_dead(self) -> None:
         self._call("mark_dead")
 
     def close(self) -> None:
+        self.closed = True
         self._call("close")
+
+    def _drained(self, messages: list[Any], alive: Any, at: int) -> None:
+        self._pending.extend(messages)
+        self._drained_at = at
+        self._alive_read = (at, time.monotonic(), alive)
+
+    def _alive_was(self, alive: Any, at: int) -> None:
+        self._alive_read = (at, time.monotonic(), alive)
 
 
 class DriverTransport(Remote):
@@ -125,11 +179,62 @@ class DriverTransport(Remote):
     def connect(self, peer_id: str) -> DriverConnection:
         return self._proxy(self._call("connect", {"peer_id": peer_id}))
 
+    #: The driver answered ``poll_drain`` with ``unsupported``: plain ``poll`` from then on.
+    _plain_poll = False
+
     def poll(self) -> Any:
+        """``poll()``: as ``poll_drain`` where the driver has it (one round trip for the
+        poll and every connection's ``recv()`` and ``alive``, docs/drivers.md, section 5),
+        else as ``poll``."""
+        if not self._plain_poll:
+            open_handles = [h for h, c in self._conns.items() if not c.closed]
+            try:
+                result = self._call("poll_drain", {"connections": open_handles})
+            except NotImplementedError:
+                self._plain_poll = True
+            else:
+                return self._take_drain(result)
         result = self._call("poll")
         if not isinstance(result, list):
             return result  # the harness reports what poll() returned instead of a sequence
         return [self._proxy(entry) for entry in result]
+
+    #: The driver answered ``alive_all`` with ``unsupported``: one ``alive`` per connection.
+    _alive_one_by_one = False
+
+    def _read_alive(self) -> None:
+        """``alive`` of every open connection of this transport in one round trip
+        (``alive_all``, docs/drivers.md, section 5), for the reads that follow. A
+        connection whose ``alive`` raised is asked again by itself, to see the error."""
+        if self._alive_one_by_one:
+            return
+        conns = [(h, c) for h, c in self._conns.items() if not c.closed]
+        try:
+            got = self._call("alive_all", {"connections": [h for h, _ in conns]})
+        except NotImplementedError:
+            self._alive_one_by_one = True
+            return
+        if not isinstance(got, list) or len(got) != len(conns):
+            raise processes.DriverCrashed(
+                f"alive_all() on {self._name}: {self._process.label} answered {got!r:.120}, "
+                f"not an array of {len(conns)} booleans (or nil) in the order asked")
+        at = self._process.calls
+        for (_, conn), alive in zip(conns, got, strict=True):
+            if alive is not None:
+                conn._alive_was(alive, at)
+
+    def _take_drain(self, result: Any) -> Any:
+        if not isinstance(result, Mapping) or not isinstance(result.get("new"), list):
+            return result  # reported as poll()'s odd result
+        new = [self._proxy(entry) for entry in result["new"]]
+        at = self._process.calls
+        for entry in result.get("drained") or ():
+            handle = entry.get("handle") if isinstance(entry, Mapping) else None
+            conn = self._conns.get(handle) if isinstance(handle, int) else None
+            if conn is not None and isinstance(entry.get("messages"), list) \
+                    and "alive" in entry:
+                conn._drained(entry["messages"], entry["alive"], at)
+        return new
 
     def close(self) -> None:
         """Close the transport; its process goes back to the pool (idempotent here, as
@@ -213,6 +318,40 @@ class TransportService(Service):
     def _transport_poll(self, obj: Any) -> Any:
         return [{"handle": self.new("connection", c), "peer_id": c.peer_id}
                 for c in obj.poll()]
+
+    def _transport_poll_drain(self, obj: Any, connections: list[int] | None = None) -> Any:
+        """``poll()``, then ``alive`` and ``recv()`` of each connection named and each new
+        one, as a caller polling in a loop does next. A connection whose ``alive`` or
+        ``recv()`` raises is left out: the suite asks it directly, and sees the error.
+        Only the poll counts in ``elapsed_ns``."""
+        new = self._transport_poll(obj)
+        started = time.perf_counter_ns()
+        handles = dict.fromkeys([*(connections or ()), *(e["handle"] for e in new)])
+        drained: list[dict[str, Any]] = []
+        for handle in handles:
+            try:
+                kind, conn = self.objects.get(handle)
+                if kind != "connection":
+                    continue
+                alive = bool(conn.alive)
+                messages = list(conn.recv())
+            except Exception:
+                continue
+            drained.append({"handle": handle, "messages": messages, "alive": alive})
+        self.overhead_ns += time.perf_counter_ns() - started
+        return {"new": new, "drained": drained}
+
+    def _transport_alive_all(self, obj: Any, connections: list[int]) -> Any:
+        """``alive`` of each connection named, in order; nil for one whose ``alive``
+        raised (or that is not a connection): the suite asks it directly."""
+        out: list[bool | None] = []
+        for handle in connections:
+            try:
+                kind, conn = self.objects.get(handle)
+                out.append(bool(conn.alive) if kind == "connection" else None)
+            except Exception:
+                out.append(None)
+        return out
 
     def _transport_close(self, obj: Any) -> None:
         obj.close()

@@ -60,7 +60,7 @@ from typing import Any
 
 from conformance.config.loading import load_factory
 from conformance.contracts import NODE_MODES
-from conformance.contracts.p2p import _node_worker
+from conformance.contracts.p2p import _node_forks, _node_worker
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked, ConfigError, RunError
 from conformance.supervision import cleanup, watchdog
@@ -169,17 +169,39 @@ class _Worker:
 
     def __init__(self, gateway_spec: str) -> None:
         self.gateway_spec = gateway_spec
-        self.gateway = _execnet().makegateway(gateway_spec)
-        self.local = self.gateway.spec.popen and not self.gateway.spec.via
+        self.gateway: Any = None
+        self.channel: Any = None
+        self._child: _node_forks.ForkedChild | None = None
         limit = startup_limit()
-        try:
-            self.channel = self.gateway.remote_exec(_node_worker)
-            self.channel.send(os.getpid() if self.local else 0)
-            self.pid: int = _receive_alive(self.channel, limit,
-                                           f"the node process ({gateway_spec})")
-        except BaseException:
-            self.gateway.exit()
-            raise
+        what = f"the node process ({gateway_spec})"
+        if _node_forks.usable_for(_execnet().XSpec(gateway_spec)):
+            self.local = True
+            # The fork server's own start (its imports, once per test process) is the
+            # suite's, bounded apart; the node's start from it is held to ``limit``.
+            server = _node_forks.fork_server()
+            forked = server.fork(limit if server.ready else max(limit, DEFAULT_STARTUP_S),
+                                 watchdog.progress)
+            if forked is None:
+                raise NodeNeverStarted(what, limit)
+            self.channel, self._child = forked
+            try:
+                self.pid: int = pickle.loads(_receive_alive(self.channel, limit, what))
+            except BaseException:
+                self.channel.close()
+                with contextlib.suppress(Exception):
+                    self._child.kill()
+                    self._child.wait(timeout=2.0)
+                raise
+        else:
+            self.gateway = _execnet().makegateway(gateway_spec)
+            self.local = self.gateway.spec.popen and not self.gateway.spec.via
+            try:
+                self.channel = self.gateway.remote_exec(_node_worker)
+                self.channel.send(os.getpid() if self.local else 0)
+                self.pid = _receive_alive(self.channel, limit, what)
+            except BaseException:
+                self.gateway.exit()
+                raise
         self._seq = itertools.count(1)
         self.label = f"pid {self.pid}"
         self.signalled: str | None = None
@@ -285,6 +307,8 @@ class _Worker:
         return f"exited with status {code}"
 
     def _popen(self) -> Any:
+        if self._child is not None:
+            return self._child
         io = getattr(self.gateway, "_io", None)
         return getattr(io, "popen", None)
 
@@ -315,7 +339,10 @@ class _Worker:
             with contextlib.suppress(OSError):
                 popen.kill()
         with contextlib.suppress(Exception):
-            self.gateway.exit()
+            if self.gateway is None:
+                self.channel.close()
+            else:
+                self.gateway.exit()
         if popen is not None:
             try:
                 popen.wait(timeout=2.0)
@@ -413,12 +440,14 @@ class _Pool:
 
 
 _POOL = _Pool()
+atexit.register(_node_forks.shutdown)  # runs after the pool's (atexit is last in, first out)
 atexit.register(_POOL.shutdown)
 
 
 def shutdown() -> None:
-    """End every node process this process started (idle or not)."""
+    """End every node process this process started (idle or not), then the fork server."""
     _POOL.shutdown()
+    _node_forks.shutdown()
 
 
 # The plugin runs this when the pytest session ends.

@@ -154,8 +154,11 @@ def test_keyed_peers_are_unaffected_and_no_key_leaks(rig: Rig,
     require_authentication(rig.spec)
     creds = SuiteCredentials.generate()
     caplog.set_level(logging.DEBUG)
-    client = rig.client(under_test=rig.spec.client is not None, clause=CLAUSE,
-                        **creds.server_kwargs())
+    # A client in a driver process logs there: at DEBUG too, into the driver's stderr.
+    options: dict[str, Any] = dict(creds.server_kwargs())
+    if getattr(rig.spec.client, "accepts_log_level", False):
+        options["log_level"] = "DEBUG"
+    client = rig.client(under_test=rig.spec.client is not None, clause=CLAUSE, **options)
     process = _keyed_engine(rig, [client.addresses["handshake"]], creds, log_level="DEBUG")
     rig.ready(client, process, clause=CLAUSE)
     rids = [request_id("p13-keyed-") for _ in range(4)]
@@ -177,7 +180,8 @@ def test_keyed_peers_are_unaffected_and_no_key_leaks(rig: Rig,
     process.terminate()
     process.exit_status(10.0)
     texts.append(process.stderr_tail(1 << 20))
+    texts.append(getattr(client, "driver_log", lambda: "")())
     texts.extend(record.getMessage() for record in caplog.records)
     leaked = leaked_secrets("\n".join(texts), creds.secret_keys())
     assert not leaked, (f"{CLAUSE}: {', '.join(leaked)} appeared in the client's logs or repr "
-                        "or the engine's stderr")
+                        "(its driver's stderr, for a client in a driver) or the engine's stderr")

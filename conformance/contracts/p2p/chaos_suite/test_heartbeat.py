@@ -541,6 +541,7 @@ _LIBZMQ_HANDSHAKE_IVL_MS = 30_000
 
 
 @pytest.mark.clause("HB-7")
+@pytest.mark.long(3)
 def test_hb7_replaced_node_reachable_after_tarpit_swallowed_handshake(
     chaos_cluster: ChaosCluster, zmq_transport_spec: TransportSpec, record_property: Recorder,
 ) -> None:

@@ -28,8 +28,9 @@ from conformance.contracts.p2p.harness import (
     wait_until,
 )
 from conformance.contracts.p2p.hostile import RawRouter
-from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.spec import HEARTBEAT_STALL_MS, HEARTBEAT_STALL_WHY, TransportSpec
 from conformance.contracts.p2p.strategies import messages
+from conformance.supervision import host_stall
 from conformance.testing import resources
 from conformance.testing.values import first_difference
 
@@ -57,6 +58,7 @@ def _wait_for_message(
 
 
 @pytest.mark.clause("CONN-1")
+@pytest.mark.long(3)
 @profiles.suite_settings()
 @given(batch=st.lists(messages(max_leaves=6), min_size=1, max_size=5), land_first=st.booleans())
 def test_connect_returns_live_connection_and_delivers_before_remote_polls(
@@ -84,7 +86,8 @@ def test_connect_returns_live_connection_and_delivers_before_remote_polls(
 
 @pytest.mark.clause("CONN-2")
 def test_duplicate_connect_raises_and_keeps_existing(zmq_transport_spec: TransportSpec) -> None:
-    with Cluster(zmq_transport_spec) as cluster:
+    with host_stall.excused("CONN-2", slack_ms=HEARTBEAT_STALL_MS, why=HEARTBEAT_STALL_WHY), \
+            Cluster(zmq_transport_spec) as cluster:
         a, b = cluster.add_node("a"), cluster.add_node("b")
         first, inbound = handshake(a, b)
         expect_error(lambda: a.connect(b), what="CONN-2: connect() to a live registered peer")

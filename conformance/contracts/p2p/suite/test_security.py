@@ -65,6 +65,7 @@ def _send_hostile(
 
 
 @pytest.mark.clause("POLL-3", "SEC-1")
+@pytest.mark.long(3)
 @profiles.suite_settings()
 @given(
     identity=hostile_identities(),
@@ -181,6 +182,7 @@ def test_wrong_frame_counts(zmq_transport_spec: TransportSpec, frames: list[Any]
 
 
 @pytest.mark.clause("SEC-1")
+@pytest.mark.long(4)
 def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: TransportSpec) -> None:
     """A flooding thread sends garbage and valid-looking messages while an honest peer talks.
 
@@ -270,6 +272,7 @@ def test_flood_of_connections_and_raw_tcp(zmq_transport_spec: TransportSpec) -> 
 
 
 @pytest.mark.clause("POLL-3")
+@pytest.mark.long(3)
 @profiles.suite_settings()
 @given(payload=hostile_payloads())
 def test_hostile_payloads_never_surface(zmq_transport_spec: TransportSpec, payload: bytes) -> None:
