@@ -191,11 +191,13 @@ def stolen_ms(since: float, until: float | None = None) -> float:
 
 
 @contextmanager
-def excused(clause: str, *, slack_ms: float, why: str) -> Iterator[None]:
+def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False) -> Iterator[None]:
     """A failed assertion inside becomes a :class:`RunError` when the host stalled for at
     least ``slack_ms`` in one piece meanwhile: a stall that long lets a correct
     implementation miss what the assertion checks (``why`` says why, e.g. "heartbeat
     timeout - interval: a correct transport may declare a starved connection dead").
+    With ``in_all`` the stalls are summed (:func:`stolen_ms`): for a bound that many
+    short round trips must fit in, where no single stall need be long.
 
     A blocked call (:class:`CallBlocked`) and every other exception pass unchanged; so does
     the failure when the host ran promptly, which is then the verdict it always was.
@@ -207,12 +209,13 @@ def excused(clause: str, *, slack_ms: float, why: str) -> Iterator[None]:
     except CallBlocked:
         raise
     except AssertionError as exc:
-        stalled = stall_ms(since)
+        stalled = stolen_ms(since) if in_all else stall_ms(since)
         if stalled < slack_ms:
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        how = "in all" if in_all else "in one piece"
         raise RunError(
-            f"{clause}: the host stalled processes for {stalled:.0f} ms during this test "
+            f"{clause}: the host stalled processes for {stalled:.0f} ms {how} during this test "
             f"(overloaded), at least the {slack_ms:.0f} ms of {why}; the failure "
             f"({first[:300]}) says nothing about the implementation") from exc
 

@@ -48,6 +48,7 @@ from conformance.contracts.p2p.machines import run_machine_part
 from conformance.contracts.p2p.process_faults import ProcessCluster
 from conformance.contracts.p2p.process_machine import ProcessChaosMachine
 from conformance.contracts.p2p.spec import TransportSpec
+from conformance.supervision import host_stall
 
 pytestmark = pytest.mark.chaos
 
@@ -266,8 +267,14 @@ def test_proc3_killed_node_detected_and_replacement_reachable_at_once(
     )
     built_at = process_cluster.faults.restart(b)
     at_once_ms = hb.ivl_ms + SLACK_MS
-    _, _, done = _converge(a, b, None, deadline=built_at + at_once_ms / 1000, clause="PROC-3",
-                           what="the replacement process started on the same port")
+    # "At once" must hold a reconnect and 2 x _BATCH messages, every poll of the
+    # replacement a round trip to its process: host stalls summing to the slack
+    # void the bound (docs/load-verdicts.md), one long stall need not happen.
+    with host_stall.excused("PROC-3", slack_ms=SLACK_MS, in_all=True,
+                            why="the slack of the 'at once' bound"):
+        _, _, done = _converge(a, b, None, deadline=built_at + at_once_ms / 1000,
+                               clause="PROC-3",
+                               what="the replacement process started on the same port")
     report(record_property, "PROC-3", "replacement reachable:",
             reachable_ms=round((done - built_at) * 1000), bound_ms=at_once_ms)
 
