@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from conformance.config import collection, options, profiles
+from conformance.config import collection, hypothesis_warmup, options
 from conformance.config import session as sessions
 from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.errors import ConfigError
@@ -87,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
     run_output.register(config, state)
     if state.opted_in:
         sessions.start_postmortem(config, state)
+        # Before any worker starts (they load what the controller built) and any test runs.
+        hypothesis_warmup.warm()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -100,10 +102,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller: hand each worker the postmortem directory and the stall limit;
-    build Hypothesis' Unicode table once before the workers start."""
+    """xdist controller: hand each worker the postmortem directory and the stall limit.
+
+    Hypothesis's Unicode tables are built before this, in ``pytest_configure``
+    (:mod:`conformance.config.hypothesis_warmup`)."""
     sessions.configure_node(node)
-    profiles.warm_unicode_tables()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -10,16 +10,20 @@ logic: what is under test here is the plugin, not ZeroMQ.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import conformance
+from conformance.config import hypothesis_warmup
 from conformance.config.run_args import plugin_autoloaded
 
 REPO_ROOT = Path(conformance.__file__).resolve().parent.parent
@@ -176,8 +180,25 @@ class ConnectRaises(ZmqTransport):
 '''
 
 
+_tables: Path | None = None
+
+
+def _shared_tables() -> Path:
+    """A storage directory with Hypothesis's Unicode tables, built once per test process:
+    every project's runs (opted in, they build them before the first test) copy it
+    instead of paying seconds of CPU each."""
+    global _tables
+    if _tables is None:
+        where = Path(tempfile.mkdtemp(prefix="zmq-conformance-tables-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+        hypothesis_warmup.build_into(where)
+        _tables = where
+    return _tables
+
+
 def make_project(root: Path) -> Path:
-    """Write the project under ``root`` and return it."""
+    """Write the project under ``root`` and return it (its Hypothesis storage holding
+    the shared Unicode tables, and no example database)."""
     (root / "tiny_suite").mkdir(parents=True)
     (root / "tests").mkdir()
     (root / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
@@ -185,6 +206,7 @@ def make_project(root: Path) -> Path:
     (root / "brokenref.py").write_text(textwrap.dedent(BROKEN_REFERENCE))
     (root / "tiny_suite" / "test_tiny.py").write_text(textwrap.dedent(TINY_SUITE))
     (root / "tests" / "test_own.py").write_text(textwrap.dedent(OWN_TESTS))
+    hypothesis_warmup.seed_tables(root / ".hypothesis", _shared_tables())
     return root
 
 

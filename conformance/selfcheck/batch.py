@@ -38,9 +38,10 @@ without it whose driver is gone was *lost* (the driver died in it: the
 stall deadline or a crash), and the caller runs that mutant alone.
 
 Each session gets a fresh Hypothesis database (the driver empties its
-storage directory between runs), so a failure found for one mutant is never
-replayed against another, and the same seed as a run of its own: a batched
-run and a lone run draw the same examples.
+storage directory between runs, all but Hypothesis's Unicode tables), so a
+failure found for one mutant is never replayed against another, and the
+same seed as a run of its own: a batched run and a lone run draw the same
+examples.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -165,6 +165,8 @@ def run_jobs(jobs: Sequence[Job], settings: RunSettings, shared: Path, *,
     once ``budget_s`` seconds have passed."""
     import pytest
 
+    from conformance.config import hypothesis_warmup
+
     started = time.monotonic()
     storage = os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
     for job in jobs:
@@ -174,7 +176,7 @@ def run_jobs(jobs: Sequence[Job], settings: RunSettings, shared: Path, *,
             continue
         rundir = shared / job.tag
         if storage:
-            shutil.rmtree(storage, ignore_errors=True)
+            hypothesis_warmup.reset_storage(Path(storage))
         began = time.monotonic()
         with _output_to(rundir / LOG):
             try:

@@ -22,7 +22,8 @@ not with ``--chaos``) share *batch drivers* (:mod:`conformance.selfcheck.batch`)
 one pytest session per mutant in one process, which saves the start-up of a
 run per mutant; a mutant whose run took its driver down runs again alone.
 Each run gets its own Hypothesis database (``HYPOTHESIS_STORAGE_DIRECTORY``) so a failure found
-for one mutant is never replayed against another, and the same Hypothesis
+for one mutant is never replayed against another (only Hypothesis's Unicode tables, built once,
+are copied into each: :mod:`conformance.config.hypothesis_warmup`), and the same Hypothesis
 seed (``--seed``) so a kill matrix is reproducible.
 
 Exit status: 0 every mutant killed and every control clean; 1 a mutant
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from conformance import contracts
-from conformance.config import profiles
+from conformance.config import hypothesis_warmup, profiles
 from conformance.contracts import CLAUSES
 from conformance.errors import ConfigError
 from conformance.reporting import github
@@ -166,6 +167,10 @@ class _Config:
     #: Where the runs cache compiled bytecode (``PYTHONPYCACHEPREFIX``), shared by
     #: all of them; ``None``: as the environment says.
     pycache: Path | None = None
+    #: A Hypothesis storage directory holding the Unicode tables, built once and
+    #: copied into each run's own (:mod:`conformance.config.hypothesis_warmup`);
+    #: ``None``: each run builds them.
+    tables: Path | None = None
 
 
 def counterexample_steps(text: str | None) -> int:
@@ -206,6 +211,13 @@ def _child_env(storage: Path, pycache: Path | None = None) -> dict[str, str]:
     return env
 
 
+def _storage(path: Path, config: _Config) -> Path:
+    """A run's own Hypothesis storage directory ``path``, holding a copy of the shared
+    Unicode tables (seconds of CPU per process to build) but no example database."""
+    hypothesis_warmup.seed_tables(path, config.tables)
+    return path
+
+
 def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, tag: str,
               stop_at_first_failure: bool, reruns: int | None = None,
               rundir: Path | None = None) -> SuiteRun:
@@ -243,7 +255,8 @@ def run_suite(factory: str, clauses: Sequence[str] | None, config: _Config, *, t
             # The job's thread waits for the run, so the run (and, through the
             # CLI's own supervision, everything it starts) dies with self-check.
             proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
-                                  env=_child_env(rundir / "hypothesis", config.pycache),
+                                  env=_child_env(_storage(rundir / "hypothesis", config),
+                                                 config.pycache),
                                   timeout=config.run_timeout,
                                   preexec_fn=lifeline.preexec(thread_outlives_child=True))
             code: int | None = proc.returncode
@@ -328,7 +341,8 @@ def _run_batch(mutants: Sequence[Mutant], config: _Config, shared: Path,
     with log_path.open("w", encoding="utf-8") as log, \
             contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False,
-                       env=_child_env(shared / f".hypothesis-{name}", config.pycache),
+                       env=_child_env(_storage(shared / f".hypothesis-{name}", config),
+                                      config.pycache),
                        timeout=limit,
                        preexec_fn=lifeline.preexec(thread_outlives_child=True))
 
@@ -666,7 +680,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         config = _Config(args.profile, args.seed, args.chaos, args.run_timeout,
                          args.shrink_seconds, run_args, workdir, args.contract,
-                         pycache=Path(scratch) / "pycache")
+                         pycache=Path(scratch) / "pycache",
+                         tables=_shared_tables(Path(scratch) / "hypothesis-tables"))
         print(f"{PROG}: contract {args.contract}, {len(selected)} mutant(s), "
               f"profile {args.profile}, seed {args.seed}, "
               f"{args.workers} at a time", flush=True)
@@ -680,6 +695,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write(args.markdown, render_markdown(results, controls, wall))
     ok = all(r.killed for r in results) and all(c.passed for c in controls)
     return 0 if ok else 1
+
+
+def _shared_tables(storage: Path) -> Path | None:
+    """Build Hypothesis's Unicode tables once into ``storage`` for every run to copy;
+    ``None`` if that fails (each run then builds its own, as before)."""
+    try:
+        hypothesis_warmup.build_into(storage)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"{PROG}: note: Hypothesis's Unicode tables not pre-built ({exc}); "
+              "each run builds its own", file=sys.stderr)
+        return None
+    return storage
 
 
 def _write(path: str, text: str) -> None:

@@ -153,6 +153,11 @@ def examine(directory: Path, worker: str, nodeid: str) -> Crash:
     if _TIMEOUT_HEADER.match(trace):
         reason = (f"no progress for {stall_limit:.0f} s (a call, finalizer or thread hung "
                   f"where the watchdog cannot interrupt it); worker {worker} ended")
+        suite_frame = _innermost_hypothesis_frame(trace)
+        if suite_frame is not None:
+            reason += (f"; the test's thread was in Hypothesis's own code ({suite_frame}), "
+                       "not in a call into the implementation: suspect the suite or an "
+                       "overloaded host")
         return Crash("blocked", reason, trace, clauses, properties)
     fatal = _FATAL_HEADER.search(trace)
     what = fatal.group(1).strip() if fatal else "no fatal signal recorded (killed?)"
@@ -174,6 +179,33 @@ def _test_thread_first(trace: str) -> str:
         blocks[-1].append(line)
     blocks.sort(key=lambda block: not any("_pytest/runner.py" in line for line in block))
     return "\n".join(header + [line for block in blocks for line in block])
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line \d+ in (?P<func>\S+)')
+
+
+def _innermost_hypothesis_frame(trace: str) -> str | None:
+    """``"func in path"`` when the innermost frame of the test's thread (first in
+    ``trace``, see :func:`_test_thread_first`) is in Hypothesis's package; else
+    ``None``. Every test's stack holds Hypothesis frames further out; only the
+    innermost says what the thread was doing when the deadline fired."""
+    lines = trace.splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if line.startswith(("Thread 0x", "Current thread 0x"))]
+    if not starts:
+        return None
+    end = starts[1] if len(starts) > 1 else len(lines)
+    block = lines[starts[0] + 1:end]
+    if not any("_pytest/runner.py" in line for line in block):
+        return None  # the test's thread is not known
+    for line in block:
+        frame = _FRAME.match(line)
+        if frame is not None:
+            path = frame.group("path").replace("\\", "/")
+            if "/hypothesis/" not in path:
+                return None
+            return f"{frame.group('func')} in {'/'.join(path.split('/')[-3:])}"
+    return None
 
 
 def _signal_name(what: str) -> str:
