@@ -10,14 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-from hypothesis import configuration
-from hypothesis.internal import charmap
-
-from conformance.config import profiles
 
 
 def test_the_cli_imports_neither_pytest_nor_hypothesis() -> None:
@@ -26,26 +18,3 @@ def test_the_cli_imports_neither_pytest_nor_hypothesis() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
-
-
-@pytest.fixture
-def fresh_storage(tmp_path: Path) -> Iterator[Path]:
-    before = configuration.storage_directory()
-    configuration.set_hypothesis_home_dir(str(tmp_path))
-    profiles._unicode_tables_warm = False
-    try:
-        yield tmp_path
-    finally:
-        configuration.set_hypothesis_home_dir(str(before))
-        profiles._unicode_tables_warm = False
-
-
-def test_the_unicode_table_is_built_once_where_hypothesis_reads_it(fresh_storage: Path) -> None:
-    table = charmap.charmap_file("codec-v2-utf-8")
-    assert fresh_storage in table.parents and not table.exists()
-    profiles.warm_unicode_tables()
-    assert table.exists()
-    stamp = table.stat().st_mtime_ns
-    profiles._unicode_tables_warm = False
-    profiles.warm_unicode_tables()  # present: not built again
-    assert table.stat().st_mtime_ns == stamp

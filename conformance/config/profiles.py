@@ -91,32 +91,3 @@ def scaled(count: int) -> int:
     ``--zmq-profile thorough`` digs deeper without touching the tests.
     """
     return max(1, round(count * active().repeat_scale))
-
-
-_unicode_tables_warm = False
-
-
-def warm_unicode_tables() -> None:
-    """Build Hypothesis' table of the characters UTF-8 can encode once, here, if missing.
-
-    ``st.text()`` draws from ``characters(codec="utf-8")``, whose table
-    Hypothesis computes on first use (every code point encoded: about 3 s
-    of CPU) and caches in its storage directory. In a fresh checkout every
-    xdist worker finds no cache and computes it at once, side by side: 3 s of
-    CPU each, and under heavy load long enough (30 s wall was seen at load
-    28) for the stall deadline to end the worker. The xdist controller calls
-    this before it starts the workers (same directory, same environment), so
-    the table is computed once and the workers read it. No drawing changes:
-    the table is the one Hypothesis would have computed in each worker.
-    """
-    global _unicode_tables_warm
-    if _unicode_tables_warm:
-        return
-    _unicode_tables_warm = True
-    try:
-        from hypothesis.internal import charmap
-
-        if not charmap.charmap_file("codec-v2-utf-8").exists():
-            charmap.intervals_from_codec("utf-8")
-    except Exception:  # an internal API that moved: the workers compute it as before
-        return
