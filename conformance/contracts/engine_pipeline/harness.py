@@ -426,9 +426,12 @@ class Rig:
             raise AssertionError(f"{clause}: wait_ready() raised {type(exc).__name__}: {exc}; "
                                  + "; ".join(p.describe() for p in processes)) from exc
 
-    def ready_in_background(self, client: Any, *, clause: str) -> Callable[[], None]:
+    def ready_in_background(self, client: Any, *, clause: str,
+                            may_fail: bool = False) -> Callable[[], bool]:
         """Start ``wait_ready()`` in a thread (for raw engines that join meanwhile); the
-        returned callable waits for it and raises what it raised."""
+        returned callable waits for it and raises what it raised. With ``may_fail`` a
+        typed failure (not ready) is an answer too: the callable returns ``False`` for
+        it and ``True`` once ready; an ``AssertionError`` still propagates."""
         box: dict[str, BaseException] = {}
 
         def run() -> None:
@@ -440,13 +443,17 @@ class Rig:
         thread = threading.Thread(target=run, daemon=True, name="wait_ready")
         thread.start()
 
-        def finish() -> None:
+        def finish() -> bool:
             thread.join(READY_TIMEOUT_MS / 1000 + 5)
             if thread.is_alive():
                 raise CallBlocked("wait_ready()", READY_TIMEOUT_MS / 1000 + 5)
             if "error" in box:
+                error = box["error"]
+                if may_fail and not isinstance(error, AssertionError):
+                    return False
                 raise AssertionError(f"{clause}: wait_ready() raised "
-                                     f"{type(box['error']).__name__}: {box['error']}")
+                                     f"{type(error).__name__}: {error}")
+            return True
 
         return finish
 
