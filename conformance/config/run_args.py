@@ -74,7 +74,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="seed for Hypothesis (default: a fresh random seed, reported)")
     parser.add_argument("--reruns", type=int, default=None, metavar="N",
                         help="re-run a failing test up to N times, to report a failure that "
-                             "does not always reproduce as 'flaky' (default 4; 0: never)")
+                             "does not always reproduce as 'flaky', and a test voided by a "
+                             "measured host stall until it judges (default 4; 0: never)")
     parser.add_argument("--chaos", action="store_true",
                         help="also run the tests under injected faults (fault proxy, paused or "
                              "killed processes): the chaos clauses and each contract's chaos "
