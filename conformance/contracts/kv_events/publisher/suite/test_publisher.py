@@ -473,23 +473,48 @@ def test_hostile_replay_requests_stop_nothing(kv_publisher_spec: PublisherSpec,
 # -- EVT-7 -------------------------------------------------------------------------------
 
 
+#: Bursts EVT-7's shutdown test makes at most while none leaves a backlog at shutdown().
+SHUTDOWN_BURSTS = 5
+
+
 @pytest.mark.clause("EVT-7")
 def test_shutdown_is_bounded_delivers_the_queue_and_releases_everything(
-    kv_publisher_spec: PublisherSpec,
+    kv_publisher_spec: PublisherSpec, record_property: Any,
 ) -> None:
     """A burst then shutdown() at once: it returns within the declared bound (+1 s), every
     queued batch is published or reported, descriptors and threads are released, and
-    publish() afterwards raises."""
+    publish() afterwards raises.
+
+    The clause is about the backlog still queued when shutdown() is called, and a
+    publisher that drops it cannot be told from a correct one once its thread has
+    drained the queue first (a loaded host can schedule it so). Where the publisher
+    counts ``published`` in ``stats()``, a run in which nothing was published after
+    shutdown() began (and nothing reported undelivered) had no backlog: the burst is
+    made again on a fresh publisher, up to :data:`SHUTDOWN_BURSTS` times. When none
+    had one (a driver's round trips give its thread time to drain), the other checks
+    still judge, and the ``bursts_without_backlog`` measurement says so.
+    """
     bound = kv_publisher_spec.shutdown_timeout_ms / 1000 + 1.0
     baseline = resources.wait_until_stable()
-    rig = _rig(kv_publisher_spec, "EVT-7")
+    without = 0
+    while without < SHUTDOWN_BURSTS and not _shutdown_after_a_burst(kv_publisher_spec, bound):
+        without += 1
+    record_property("bursts_without_backlog", without)
+    if resources.supported():
+        resources.wait_for_release(baseline, what="EVT-7: after shutdown()", timeout=5.0)
+
+
+def _shutdown_after_a_burst(spec: PublisherSpec, bound: float) -> bool:
+    """One burst and shutdown() with EVT-7's checks; False when no backlog is known to
+    have been queued at shutdown() (the checks then passed without meaning)."""
+    rig = _rig(spec, "EVT-7")
     try:
         reader = rig.sub()
         rig.join(reader)
         # Batches that take the publisher longer to encode than the caller to queue,
-        # so a backlog is still queued when shutdown() is called, however fast the
-        # machine: that backlog is what the clause is about.
+        # so a backlog is usually still queued when shutdown() is called.
         rig.publish_many(make_batch(events=3, tokens=256) for _ in range(3000))
+        before = rig.stats().get("published")
         took = rig.shutdown(limit=bound + 2.0)
         assert took <= bound, f"EVT-7: shutdown() took {took:.2f} s, bound {bound:.2f} s"
         bound_still = rig.still_bound()
@@ -519,8 +544,9 @@ def test_shutdown_is_bounded_delivers_the_queue_and_releases_everything(
             raise AssertionError("EVT-7: publish() after shutdown() did not raise")
     finally:
         rig.close()
-    if resources.supported():
-        resources.wait_for_release(baseline, what="EVT-7: after shutdown()", timeout=5.0)
+    if before is None or "published" not in stats:
+        return True  # no counter: the run is judged as it is
+    return int(stats["published"]) > int(before) or int(stats.get("undelivered", 0)) > 0
 
 
 # -- EVT-8 -------------------------------------------------------------------------------
