@@ -31,7 +31,6 @@ engine's own behaviour never include the interpreter's start-up.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
+from conformance.contract import resolve
 from conformance.supervision.lifeline import bind_to_parent
 from reference_impl.engine_pipeline.model import FakeModel
 
@@ -70,14 +70,6 @@ def apply_log_level(options: dict[str, Any]) -> None:
                             format="%(levelname)s %(name)s: %(message)s")
 
 
-def _resolve(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    return target
-
-
 def main(argv: list[str]) -> int:
     config = json.loads(argv[0])
     bind_to_parent()
@@ -86,7 +78,7 @@ def main(argv: list[str]) -> int:
     if config.get("side") == "dies-in-startup":
         return _dies_in_startup(config)
     try:
-        factory = _resolve(config["factory"])
+        factory = resolve(config["factory"])
         model = FakeModel.from_options(config.get("model"))
         engine = factory(config["addresses"], engine_index=config["engine_index"], model=model,
                          **_options(config))
@@ -130,7 +122,7 @@ def serve(engine: Any) -> int:
 def _client(config: dict[str, Any]) -> int:
     """A client in a process of its own: built, ready, then idle until killed."""
     try:
-        client = _resolve(config["factory"])(config["addresses"], **_options(config))
+        client = resolve(config["factory"])(config["addresses"], **_options(config))
         client.wait_ready()
     except BaseException:
         traceback.print_exc()
