@@ -202,8 +202,9 @@ def _honest_connection_lives(out: Connection, floods: Sequence[Flooder]) -> Iter
             raise
         sent = ", ".join(str(flood.sent) for flood in floods)
         raise AssertionError(
-            f"SEC-1: the honest connection {out} died {time.monotonic() - started:.1f} s into "
-            f"the flood (flooders had sent {sent} messages); send() raised {exc!r}") from exc
+            f"SEC-1: {out.node.name}'s honest connection to {out.peer_id} died "
+            f"{time.monotonic() - started:.1f} s into the flood (flooders had sent {sent} "
+            f"messages); send() raised {exc!r}") from exc
 
 
 @pytest.mark.clause("SEC-1")
