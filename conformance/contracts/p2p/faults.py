@@ -100,6 +100,15 @@ class Fault:
         return f"<Fault {self.describe()} {state}>"
 
 
+@dataclass(eq=False)
+class _Placed:
+    """One toxic on a proxy: the fault it belongs to, and whether that fault was healed."""
+
+    fault: Fault
+    where: tuple[Proxy, str]
+    released: bool = False
+
+
 class Faults:
     """Makes and heals faults on one chaos cluster's proxies."""
 
@@ -107,6 +116,9 @@ class Faults:
         self._cluster = cluster
         self.active: list[Fault] = []
         self.history: list[Fault] = []
+        #: Every toxic still on a proxy, by proxy name, in the order added
+        #: (toxiproxy's chain order), healed or not (see :meth:`heal`).
+        self._placed: dict[str, list[_Placed]] = {}
 
     # -- making faults ------------------------------------------------------
 
@@ -173,17 +185,31 @@ class Faults:
 
         Every toxic and proxy of the fault is attempted even if one call
         fails; the first error is raised afterwards.
+
+        Toxics go newest first, and a toxic that sits in front of a newer
+        partition still in place on the same proxy stays until that
+        partition is healed (then it goes right after the partition's own).
+        Behind a partition's ``timeout`` such a toxic acts on nothing (no
+        byte gets past the partition, and a close it lets through is held
+        by the partition's ``slow_close`` either way), so the wire looks the
+        same; but removing it while a held close sits in the partition's
+        ``slow_close`` puts toxiproxy-server 2.12.0's links out of step
+        with its toxic chain, and its next ``AddToxic`` on that proxy
+        panics (docs/chaos.md, "toxiproxy-server 2.12.0's AddToxic panic").
         """
         if fault.healed_at is not None:
             return fault.healed_at
         errors: list[ToxiproxyError] = []
-        # Newest first: a partition's close-holding toxics go before the
-        # ``timeout`` toxics whose removal closes the connections.
-        for proxy, name in reversed(fault.toxics):
-            try:
-                proxy.remove_toxic(name)
-            except ToxiproxyError as exc:
-                errors.append(exc)
+        for placed in self._placed.values():
+            for entry in placed:
+                if entry.fault is fault:
+                    entry.released = True
+        for proxy in dict.fromkeys(proxy for proxy, _ in fault.toxics):
+            for name in self._removable(proxy):
+                try:
+                    proxy.remove_toxic(name)
+                except ToxiproxyError as exc:
+                    errors.append(exc)
         for proxy in fault.disabled:
             try:
                 proxy.enable()
@@ -239,7 +265,22 @@ class Faults:
             for stream in _STREAMS:
                 name = f"{stem}_{stream}_{number}"
                 proxy.add_toxic(toxic, stream=stream, name=name, **attributes)
-                fault.toxics.append((proxy, name))
+                where = (proxy, name)
+                fault.toxics.append(where)
+                self._placed.setdefault(proxy.name, []).append(_Placed(fault, where))
+
+    def _removable(self, proxy: Proxy) -> list[str]:
+        """The healed toxics on ``proxy`` that may go now, newest first; forgets them.
+
+        Those behind (added after) the newest partition still in place; the
+        ones in front of it wait for its heal (see :meth:`heal`).
+        """
+        placed = self._placed.get(proxy.name, [])
+        shield = max((i for i, entry in enumerate(placed)
+                      if entry.fault.kind == "partition" and not entry.released), default=-1)
+        going = [entry for entry in placed[shield + 1:] if entry.released]
+        self._placed[proxy.name] = [entry for entry in placed if entry not in going]
+        return [entry.where[1] for entry in reversed(going)]
 
     def _register(self, fault: Fault) -> None:
         # Registered before the first API call, so a call failing half-way
