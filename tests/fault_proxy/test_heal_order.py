@@ -1,16 +1,17 @@
 """Healing faults in any order keeps a toxiproxy server alive and the wire right.
 
-toxiproxy-server 2.12.0 panics in ``ToxicLink.AddToxic`` (link.go:186) once a
-toxic was removed from in front of a ``slow_close`` that holds a close: the
-link keeps stubs its toxic chain no longer has (docs/chaos.md,
-"toxiproxy-server 2.12.0's AddToxic panic"). The chaos machine heals faults in
-any order, so :class:`~conformance.contracts.p2p.faults.Faults` keeps a toxic
-that sits in front of a partition still in place until that partition heals.
+toxiproxy-server 2.12.0 panics in ``ToxicLink.AddToxic`` (link.go:186) once
+toxics were removed from in front of one whose stub is still busy (a close held
+by ``slow_close``, data held by a slicer) while the connection closes: the link
+keeps stubs its toxic chain no longer has (docs/chaos.md, "toxiproxy-server
+2.12.0's AddToxic panic"). The chaos machine heals faults in any order, so
+:class:`~conformance.contracts.p2p.faults.Faults` takes toxics off a proxy
+only from the end of its chain.
 Each test drives one schedule the machine can draw through ``Faults`` on the
 embedded server and on the real binary, then asserts what a run needs: the
 server answers and takes a new toxic on that proxy, no toxic is left, the
-connection the partition held is closed by the heal, and a new connection
-carries bytes.
+connection is closed by the heals (or by its own close, let through), and a
+new connection carries bytes.
 """
 
 from __future__ import annotations
@@ -136,13 +137,24 @@ def server(request: pytest.FixtureRequest) -> Iterator[Toxiproxy]:
         handle.stop()
 
 
+def _two_slicers_busy_while_the_connection_closes(
+    faults: Faults, node: Node, sock: socket.socket
+) -> None:
+    older = faults.slice(node, average_size=16, size_variation=8, delay_us=50)
+    newer = faults.slice(node, average_size=16, size_variation=8, delay_us=50)
+    sock.sendall(b"s" * 20_000)  # about a second of slicing, for the newer slicer too
+    sock.shutdown(socket.SHUT_WR)
+    faults.heal(older)
+    faults.heal(newer)
+
+
 Schedule = Callable[[Faults, Node, socket.socket], None]
 
 
 @pytest.mark.parametrize(
     "schedule",
     [_two_partitions_older_healed_first, _latency_then_partition_then_a_close,
-     _reset_then_partition_with_traffic],
+     _reset_then_partition_with_traffic, _two_slicers_busy_while_the_connection_closes],
     ids=lambda schedule: schedule.__name__.strip("_"),
 )
 def test_any_heal_order_leaves_the_server_working(

@@ -102,10 +102,13 @@ class Fault:
 
 @dataclass(eq=False)
 class _Placed:
-    """One toxic on a proxy: the fault it belongs to, and whether that fault was healed."""
+    """One toxic on a proxy, as added (to add it again), and whether its fault was healed."""
 
     fault: Fault
-    where: tuple[Proxy, str]
+    name: str
+    type: ToxicType
+    stream: StreamName
+    attributes: dict[str, int]
     released: bool = False
 
 
@@ -186,16 +189,27 @@ class Faults:
         Every toxic and proxy of the fault is attempted even if one call
         fails; the first error is raised afterwards.
 
-        Toxics go newest first, and a toxic that sits in front of a newer
-        partition still in place on the same proxy stays until that
-        partition is healed (then it goes right after the partition's own).
-        Behind a partition's ``timeout`` such a toxic acts on nothing (no
-        byte gets past the partition, and a close it lets through is held
-        by the partition's ``slow_close`` either way), so the wire looks the
-        same; but removing it while a held close sits in the partition's
-        ``slow_close`` puts toxiproxy-server 2.12.0's links out of step
-        with its toxic chain, and its next ``AddToxic`` on that proxy
-        panics (docs/chaos.md, "toxiproxy-server 2.12.0's AddToxic panic").
+        Toxics only ever leave a proxy from the end of its chain, newest
+        first, because toxiproxy-server 2.12.0 crashes otherwise: a toxic
+        removed from in front of one whose stub is still busy (a close held
+        by ``slow_close``, data held by ``latency`` or ``slicer``) while the
+        connection closes leaves that link's stubs out of step with the
+        chain, and its next ``AddToxic`` on the proxy panics (docs/chaos.md,
+        "toxiproxy-server 2.12.0's AddToxic panic"). So to take out a toxic
+        with newer ones behind it:
+
+        - newer toxics of faults still in place are taken out with it and
+          put back at once, in their order (the fault lapses for the few
+          milliseconds of those API calls: a latency, slicer or reset that
+          lets some bytes through undelayed, whole or uncut, which no clause
+          forbids);
+        - except when one of them belongs to a partition still in place:
+          then the healed toxic stays until that partition is healed (it
+          acts only on what the partition's ``timeout`` drops, and a close
+          it passes on is held by the partition's ``slow_close`` either way;
+          a ``reset_peer`` kept so gives connections opened meanwhile
+          SO_LINGER 0, so the partition's heal resets rather than closes
+          them, and they are fault-touched connections either way).
         """
         if fault.healed_at is not None:
             return fault.healed_at
@@ -205,11 +219,7 @@ class Faults:
                 if entry.fault is fault:
                     entry.released = True
         for proxy in dict.fromkeys(proxy for proxy, _ in fault.toxics):
-            for name in self._removable(proxy):
-                try:
-                    proxy.remove_toxic(name)
-                except ToxiproxyError as exc:
-                    errors.append(exc)
+            self._unwind(proxy, errors)
         for proxy in fault.disabled:
             try:
                 proxy.enable()
@@ -265,22 +275,38 @@ class Faults:
             for stream in _STREAMS:
                 name = f"{stem}_{stream}_{number}"
                 proxy.add_toxic(toxic, stream=stream, name=name, **attributes)
-                where = (proxy, name)
-                fault.toxics.append(where)
-                self._placed.setdefault(proxy.name, []).append(_Placed(fault, where))
+                fault.toxics.append((proxy, name))
+                self._placed.setdefault(proxy.name, []).append(
+                    _Placed(fault, name, toxic, stream, dict(attributes)))
 
-    def _removable(self, proxy: Proxy) -> list[str]:
-        """The healed toxics on ``proxy`` that may go now, newest first; forgets them.
+    def _unwind(self, proxy: Proxy, errors: list[ToxiproxyError]) -> None:
+        """Take the healed toxics off ``proxy`` from the end of its chain (see :meth:`heal`).
 
-        Those behind (added after) the newest partition still in place; the
-        ones in front of it wait for its heal (see :meth:`heal`).
+        The toxics from the oldest healed one that may go now (none in front of a
+        partition still in place) to the end are removed newest first; those of
+        faults still in place among them are added again, oldest first.
         """
         placed = self._placed.get(proxy.name, [])
         shield = max((i for i, entry in enumerate(placed)
                       if entry.fault.kind == "partition" and not entry.released), default=-1)
-        going = [entry for entry in placed[shield + 1:] if entry.released]
-        self._placed[proxy.name] = [entry for entry in placed if entry not in going]
-        return [entry.where[1] for entry in reversed(going)]
+        going = [i for i, entry in enumerate(placed) if i > shield and entry.released]
+        if not going:
+            return
+        first = going[0]
+        taken = placed[first:]
+        for entry in reversed(taken):
+            try:
+                proxy.remove_toxic(entry.name)
+            except ToxiproxyError as exc:
+                errors.append(exc)
+        kept = [entry for entry in taken if not entry.released]
+        self._placed[proxy.name] = placed[:first] + kept
+        for entry in kept:
+            try:
+                proxy.add_toxic(entry.type, stream=entry.stream, name=entry.name,
+                                **entry.attributes)
+            except ToxiproxyError as exc:
+                errors.append(exc)
 
     def _register(self, fault: Fault) -> None:
         # Registered before the first API call, so a call failing half-way
