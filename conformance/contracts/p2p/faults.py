@@ -29,6 +29,9 @@ connection starts), with a plain close when it is older. A disabled proxy closes
 connections and refuses new ones. ``latency``, ``slicer`` and ``bandwidth``
 delay, fragment and throttle without losing bytes; ``slow_close`` with a
 long delay (:meth:`Faults.hold_close`) holds a close back.
+
+Heals take toxics off a proxy only from the end of its chain, so that any
+heal order is safe on toxiproxy-server 2.12.0 (see :meth:`Faults.heal`).
 """
 
 from __future__ import annotations
