@@ -7,6 +7,7 @@ keeps stubs its toxic chain no longer has (docs/chaos.md, "toxiproxy-server
 2.12.0's AddToxic panic"). The chaos machine heals faults in any order, so
 :class:`~conformance.contracts.p2p.faults.Faults` takes toxics off a proxy
 only from the end of its chain.
+
 Each test drives one schedule the machine can draw through ``Faults`` on the
 embedded server and on the real binary, then asserts what a run needs: the
 server answers and takes a new toxic on that proxy, no toxic is left, the
@@ -176,3 +177,28 @@ def test_any_heal_order_leaves_the_server_working(
         assert _ends(held, _IO_TIMEOUT_S), "the healed partition left its connection open"
     with _connect(proxy) as fresh:
         assert _echoes(fresh, b"after the heals")
+
+
+def test_a_fault_still_in_place_keeps_acting_after_an_older_one_heals(
+    server: Toxiproxy, echo_server: _Echo
+) -> None:
+    """Healing the older of two faults takes the newer one's toxics out and puts them
+    back (the newer latency still delays every byte); behind a partition still in
+    place, the healed toxic stays until the partition heals."""
+    proxy = server.create_proxy(server.unique_name("heal_order"), echo_server.address)
+    faults = Faults(_OneProxy(proxy))
+    node = cast(Node, _Named("x"))
+    older = faults.slice(node, average_size=16, size_variation=8, delay_us=50)
+    newer = faults.latency(node, latency_ms=150)
+    faults.heal(older)
+    assert [t.type for t in proxy.toxics()] == ["latency", "latency"]
+    with _connect(proxy) as sock:
+        start = time.monotonic()
+        assert _echoes(sock, b"delayed both ways")
+        assert time.monotonic() - start >= 2 * 0.150  # the latency toxics act on both streams
+    partition = faults.partition(node)
+    faults.heal(newer)  # in front of the partition: stays until it heals
+    assert sorted(t.type for t in proxy.toxics()) == [
+        "latency", "latency", "slow_close", "slow_close", "timeout", "timeout"]
+    faults.heal(partition)
+    assert proxy.toxics() == []
