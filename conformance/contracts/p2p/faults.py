@@ -221,7 +221,8 @@ class Faults:
             for entry in placed:
                 if entry.fault is fault:
                     entry.released = True
-        for proxy in dict.fromkeys(proxy for proxy, _ in fault.toxics):
+        # The newest proxy first, as the toxics were added.
+        for proxy in reversed(dict.fromkeys(proxy for proxy, _ in fault.toxics)):
             self._unwind(proxy, errors)
         for proxy in fault.disabled:
             try:
