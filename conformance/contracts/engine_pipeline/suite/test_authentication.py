@@ -87,7 +87,8 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     finish_ready = rig.ready_in_background(client, clause=CLAUSE)
     posing: list[tuple[str, RawEngine]] = []
     for kind, secure in strangers(creds):
-        stranger = RawEngine(addresses["handshake"], engine_index=0, secure=secure)
+        stranger = RawEngine(addresses["handshake"], engine_index=0, secure=secure,
+                             wire=rig.caps.wire)
         rig.closers.append(stranger.close)
         answer = stranger.hello(_STRANGER_WAIT_S)
         assert answer is None, (
@@ -136,7 +137,7 @@ def test_an_engine_sends_no_hello_to_an_impostor_client(rig: Rig, impostor: str)
     require_authentication(rig.spec)
     rig.spec.require("engine", CLAUSE)
     creds = SuiteCredentials.generate()
-    fake = RawClient(secure=impostor_server(impostor))
+    fake = RawClient(secure=impostor_server(impostor), wire=rig.caps.wire)
     rig.closers.append(fake.close)
     process = _keyed_engine(rig, [fake.handshake_address], creds)
     assert process.wait_line("SERVING", PROCESS_READY_S), (

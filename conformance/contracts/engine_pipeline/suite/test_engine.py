@@ -41,8 +41,8 @@ def _finished(raw: RawClient, rid: str, timeout_s: float) -> list[Any]:
 @pytest.mark.clause("PIPE-4")
 def test_a_stalled_client_costs_the_others_nothing(rig: Rig) -> None:
     """Client 1 stops reading while the engine floods it; client 0 is served within a bound."""
-    fast = RawClient(client_index=0)
-    stalled = RawClient(client_index=1, stalled=True)
+    fast = RawClient(client_index=0, wire=rig.caps.wire)
+    stalled = RawClient(client_index=1, stalled=True, wire=rig.caps.wire)
     rig.closers += [fast.close, stalled.close]
     rig.engine([fast.handshake_address, stalled.handshake_address], clause="PIPE-4",
                model={"detail_bytes": 16 << 10})
@@ -128,7 +128,7 @@ class _Opener:
 @pytest.mark.clause("PIPE-7")
 def test_hostile_frames_never_run_code_nor_silence_the_engine(rig: Rig) -> None:
     marker = rig.tmp_path / "unpickled-marker"
-    raw = RawClient()
+    raw = RawClient(wire=rig.caps.wire)
     rig.closers.append(raw.close)
     process = rig.engine([raw.handshake_address], clause="PIPE-7")
     raw.wait_ready()
@@ -160,7 +160,7 @@ def test_hostile_outputs_never_run_code_nor_silence_the_client(rig: Rig) -> None
 
     marker = rig.tmp_path / "unpickled-marker"
     client = rig.client(clause="PIPE-7")
-    engine = RawEngine(client.handshake_address)
+    engine = RawEngine(client.handshake_address, wire=rig.caps.wire)
     rig.closers.append(engine.close)
     ready = rig.ready_in_background(client, clause="PIPE-7")
     engine.join()
@@ -236,7 +236,7 @@ def test_outputs_reach_the_client_that_asked(rig: Rig) -> None:
 
 @pytest.mark.clause("PIPE-8")
 def test_engine_routes_aborts_and_rejections_by_client_index(rig: Rig) -> None:
-    raws = [RawClient(client_index=i) for i in range(2)]
+    raws = [RawClient(client_index=i, wire=rig.caps.wire) for i in range(2)]
     rig.closers += [r.close for r in raws]
     rig.engine([r.handshake_address for r in raws], clause="PIPE-8", model={"stall_ms": 2})
     from threading import Thread

@@ -82,7 +82,7 @@ def test_payloads_of_every_dtype_and_size_round_trip_byte_exact(rig: Rig) -> Non
 def test_client_frames_follow_the_profile(rig: Rig) -> None:
     """The suite's engine reads the client's ADD: type byte, strict blob, aux frames used."""
     client = rig.client(clause="PIPE-1")
-    engine = RawEngine(client.handshake_address)
+    engine = RawEngine(client.handshake_address, wire=rig.caps.wire)
     rig.closers.append(engine.close)
     ready = rig.ready_in_background(client, clause="PIPE-1")
     engine.join()
@@ -155,7 +155,7 @@ def test_aborts_end_with_one_abort_finish_and_nothing_after(rig: Rig) -> None:
 @pytest.mark.clause("PIPE-2")
 def test_engine_sends_nothing_after_an_abort_finish(rig: Rig) -> None:
     """The engine alone, read raw: after its ABORT finish a request is silent."""
-    raw = RawClient()
+    raw = RawClient(wire=rig.caps.wire)
     rig.closers.append(raw.close)
     rig.engine([raw.handshake_address], clause="PIPE-2", model={"stall_ms": 2})
     raw.wait_ready()
@@ -222,8 +222,8 @@ def test_in_flight_output_buffers_are_never_modified(rig: Rig) -> None:
     copies). An engine that reuses the blob buffer by the last frame's
     tracker overwrites that queued message.
     """
-    raw = RawClient(stalled=True)
-    observer = RawClient(client_index=1)
+    raw = RawClient(stalled=True, wire=rig.caps.wire)
+    observer = RawClient(client_index=1, wire=rig.caps.wire)
     rig.closers += [raw.close, observer.close]
     # 10 ms per step: the marked request joins while dozens of steps remain.
     rig.engine([raw.handshake_address, observer.handshake_address], clause="PIPE-3",
