@@ -47,7 +47,7 @@ from conformance.testing.credentials import (
     strangers,
 )
 from conformance.testing.credentials import secrets_in as leaked_secrets
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles
 from reference_impl.engine_pipeline.wire import ENGINE_CORE_DEAD, EngineOutput, EngineOutputs
 
 CLAUSE = "PIPE-13"
@@ -100,7 +100,7 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     finish_ready()
     rid = request_id("p13-")
     guarded("add()", lambda: client.add(rid, [1], 20), 5.0)
-    forged = [bytes(f) for f in wire.Encoder().encode(
+    forged = [bytes(f) for f in profiles.codec(rig.caps.wire).Encoder().encode(
         EngineOutputs(0, [EngineOutput(rid, [_FORGED_TOKEN])]))]
     for _, stranger in posing:
         assert stranger.push is not None

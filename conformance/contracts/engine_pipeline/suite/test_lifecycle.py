@@ -31,7 +31,7 @@ from conformance.contracts.engine_pipeline.peers import RawEngine
 from conformance.contracts.engine_pipeline.squatter import PortSquatter, reported_but_free
 from conformance.errors import CallBlocked
 from conformance.testing.net import free_port
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 
 
 def _dead_within(client: Any, bound_s: float, clause: str, what: str,
@@ -447,7 +447,7 @@ def _zombie_output(rig: Rig, client: Any, rid: str) -> None:
     monitor.close(linger=0)
     assert shaken, f"PIPE-11: the suite could not connect to the client's output {push_to}"
     out = wire.EngineOutputs(0, [wire.EngineOutput(rid, [token_of(rid, 99)])])
-    push.send(bytes(wire.Encoder().encode(out)[0]))
+    push.send(bytes(profiles.codec(rig.caps.wire).Encoder().encode(out)[0]))
 
 
 @pytest.mark.clause("PIPE-11")
