@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -202,9 +202,11 @@ class _Output(msgspec.Struct, array_like=True, gc=False):
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: Any = None
-    new_prompt_logprobs_tensors: Any = None
-    pooling_output: Any = None
+    # vLLM's LogprobsLists and LogprobsTensors (tuples) and a tensor: arrays on the wire.
+    # Typed as lists so the vllm-v1 layout (its finish reason here) is refused, not misread.
+    new_logprobs: list[Any] | None = None
+    new_prompt_logprobs_tensors: list[Any] | None = None
+    pooling_output: list[Any] | None = None
     finish_reason: int | None = None
     stop_reason: int | str | None = None
     events: Any = None
@@ -256,17 +258,23 @@ class Encoder:
     :class:`~.wire.EngineOutputs` an ``EngineCoreOutputs``; lists and tuples
     (ABORT, UTILITY, START_DP_WAVE bodies) are encoded as they are. One
     instance per thread (it keeps the message's aux list while encoding).
+    ``wall_clock`` stamps an ADD's ``arrival_time`` (vLLM: ``time.time()``),
+    ``monotonic_clock`` an output message's ``timestamp`` (vLLM:
+    ``time.monotonic()``); tests pass fixed clocks for golden bytes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, wall_clock: Callable[[], float] = time.time,
+                 monotonic_clock: Callable[[], float] = time.monotonic) -> None:
         self._aux: list[Any] = []
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        self._wall_clock = wall_clock
+        self._monotonic_clock = monotonic_clock
 
     def encode(self, value: Any, *, into: bytearray | None = None) -> list[Any]:
         if isinstance(value, EngineOutputs):
-            value = _outputs_to_vllm(value)
+            value = _outputs_to_vllm(value, self._monotonic_clock())
         elif isinstance(value, AddRequest):
-            value = _add_to_vllm(value)
+            value = _add_to_vllm(value, self._wall_clock())
         self._aux = [None]
         try:
             blob = bytearray() if into is None else into
@@ -308,12 +316,12 @@ def prepare(value: Any) -> Any:
     return value
 
 
-def _add_to_vllm(request: AddRequest) -> _Request:
+def _add_to_vllm(request: AddRequest, arrival_time: float) -> _Request:
     extra = (msgspec.UNSET if request.payload is None
              else {PAYLOAD_KEY: request.payload})
     params = _SamplingParamsOut([], [], request.max_tokens, extra)
     return _Request(request.request_id, request.prompt_token_ids, None, params, None,
-                    time.time(), None, None, None, client_index=request.client_index)
+                    arrival_time, None, None, None, client_index=request.client_index)
 
 
 def _output_to_vllm(output: EngineOutput) -> _Output:
@@ -328,14 +336,14 @@ def _output_to_vllm(output: EngineOutput) -> _Output:
                    output.finish_reason, None, None, extra)
 
 
-def _outputs_to_vllm(message: EngineOutputs) -> _Outputs:
+def _outputs_to_vllm(message: EngineOutputs, timestamp: float) -> _Outputs:
     utility = message.utility_output
     wire_utility = None
     if utility is not None:
         result = None if utility.failure_message is not None else (None, utility.result)
         wire_utility = _Utility(utility.call_id, utility.failure_message, result)
     return _Outputs(message.engine_index, [_output_to_vllm(o) for o in message.outputs],
-                    None, time.monotonic(), wire_utility)
+                    None, timestamp, wire_utility)
 
 
 # -- decoding ---------------------------------------------------------------------------------
