@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from _cli_run import run_contract
 
 from conformance.contracts.engine_pipeline import preflight
 from conformance.contracts.engine_pipeline.hostile_values import (
@@ -268,3 +269,21 @@ def test_each_reference_speaks_its_declared_profile() -> None:
             == "vllm-0.33"
     preflight.check_profile(make_spec(PipelineImplementation(
         client=REFERENCE_VLLM.client, capabilities={"wire": "vllm-0.33"}), name="vc"))
+
+
+#: The suite's tests where the payload layouts are what is judged (PIPE-1 fidelity and
+#: framing, PIPE-2 streams, PIPE-7 hostile frames both ways). The whole contract on
+#: REFERENCE_VLLM: ``zmq-conformance run --contract engine-pipeline --transport
+#: reference_impl.engine_pipeline:REFERENCE_VLLM`` (docs/engine_pipeline.md).
+_LAYOUT_TESTS = ("test_payloads_of_every_dtype_and_size_round_trip_byte_exact or "
+                 "test_client_frames_follow_the_profile or test_burst_streams or "
+                 "test_hostile_frames_never_run_code or test_hostile_outputs_never_run_code")
+
+
+def test_reference_on_vllm_033_passes_the_layout_clauses_through_the_cli(
+        tmp_path: Path) -> None:
+    run = run_contract("engine-pipeline", tmp_path, "--transport",
+                       "reference_impl.engine_pipeline:REFERENCE_VLLM", "-k", _LAYOUT_TESTS)
+    assert run.status == 0, run.output
+    passed = {cid for cid, verdict in run.verdicts.items() if verdict == "passed"}
+    assert {"PIPE-1", "PIPE-2", "PIPE-7"} <= passed, run.verdicts
