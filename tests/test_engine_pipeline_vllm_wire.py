@@ -6,7 +6,7 @@ The golden bytes below were written by hand from vLLM 0.33.0's source
 ``array_like``, and msgspec writes every field of an array-like struct;
 ``vllm/sampling_params.py``: ``SamplingParams(max_tokens=4)`` is the map
 ``stop, stop_token_ids, max_tokens, bad_words, skip_reading_prefix_cache``
-after its ``__post_init__``; ``vllm/v1/serial_utils.py``: an ndarray is
+after its ``__post_init__``, under a map16 header; ``vllm/v1/serial_utils.py``: an ndarray is
 ``[dtype.str, shape, ext 3 | aux index]``, a ``UtilityResult`` ``[None,
 value]``). Nothing of vLLM is imported (it needs torch):
 ``thirdparty/vllm_engine_crosscheck.py --profile vllm-0.33`` checks the same
@@ -69,8 +69,10 @@ def _str(text: str) -> bytes:
     return bytes([0xA0 | len(raw)]) + raw
 
 
-#: SamplingParams(max_tokens=4) as vLLM 0.33 encodes it: a map of 5 keys.
-SAMPLING_MAX_4 = (b"\x85" + _str("stop") + b"\x90" + _str("stop_token_ids") + b"\x90"
+#: SamplingParams(max_tokens=4) as vLLM 0.33 encodes it: a map of 5 keys, under a map16
+#: header (msgspec sizes a struct's map header by its field count, and SamplingParams has
+#: more than 15 fields).
+SAMPLING_MAX_4 = (b"\xde\x00\x05" + _str("stop") + b"\x90" + _str("stop_token_ids") + b"\x90"
                   + _str("max_tokens") + b"\x04" + _str("bad_words") + b"\x90"
                   + _str("skip_reading_prefix_cache") + FALSE)
 

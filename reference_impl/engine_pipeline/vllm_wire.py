@@ -144,15 +144,33 @@ _FINISH_REASONS: Final = frozenset(int(r) for r in wire.FinishReason)
 # -- vLLM 0.33's structs, as their bytes lie (names and order are the wire) ---------------
 
 
-class _SamplingParamsOut(msgspec.Struct, gc=False):
-    """What ``SamplingParams(max_tokens=N[, extra_args=...])`` encodes to in vLLM 0.33."""
+class _SamplingParamsOut(msgspec.Struct, omit_defaults=True, gc=False):
+    """vLLM 0.33's ``SamplingParams`` as ``SamplingParams(max_tokens=N[, extra_args=...])``
+    encodes it: the fields up to the last one that call sets, in vLLM's order with vLLM's
+    defaults (so exactly the non-default ones are written, and, as the struct has 16 fields
+    or more, under a map16 header as vLLM's are). Its ``__post_init__`` sets ``stop``,
+    ``stop_token_ids`` and ``bad_words`` to empty lists and ``skip_reading_prefix_cache``
+    to False; ``max_tokens`` 16 is the default and is left out, as vLLM leaves it out."""
 
-    stop: list[str]
-    stop_token_ids: list[int]
-    max_tokens: int
-    extra_args: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    bad_words: list[str] = []
-    skip_reading_prefix_cache: bool = False
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    watermarking: bool | None = None
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    extra_args: dict[str, Any] | None = None
+    bad_words: list[str] | None = None
+    skip_reading_prefix_cache: bool | None = None
 
 
 class _SamplingParamsIn(msgspec.Struct, gc=False):
@@ -317,9 +335,9 @@ def prepare(value: Any) -> Any:
 
 
 def _add_to_vllm(request: AddRequest, arrival_time: float) -> _Request:
-    extra = (msgspec.UNSET if request.payload is None
-             else {PAYLOAD_KEY: request.payload})
-    params = _SamplingParamsOut([], [], request.max_tokens, extra)
+    extra = None if request.payload is None else {PAYLOAD_KEY: request.payload}
+    params = _SamplingParamsOut(stop=[], stop_token_ids=[], max_tokens=request.max_tokens,
+                                extra_args=extra, bad_words=[], skip_reading_prefix_cache=False)
     return _Request(request.request_id, request.prompt_token_ids, None, params, None,
                     arrival_time, None, None, None, client_index=request.client_index)
 
