@@ -263,9 +263,6 @@ class _Outputs(msgspec.Struct, array_like=True, gc=False):
     weight_version: str | None = None
 
 
-_EMPTY: Final[list[Any]] = []
-
-
 # -- encoding ---------------------------------------------------------------------------------
 
 
