@@ -147,6 +147,9 @@ def test_payload_rides_in_extra_args_and_arrays_take_vllms_form() -> None:
     assert np.array_equal(got["big"], big) and got["big"].dtype == big.dtype
     assert np.array_equal(got["small"], small) and got["scalar"].shape == ()
     assert got["blob"] == b"z" * 300
+    # A plain list that only looks like a triple stays a list.
+    frames = _frames(_encoder().encode(AddRequest("r", [1], 2, 0, ["name", [1, 2], 3])))
+    assert vllm_wire.decode_add(frames, vllm_wire.Decoders()).payload == ["name", [1, 2], 3]
 
 
 @pytest.mark.parametrize("array", [

@@ -64,10 +64,11 @@ Arrays
     field's declared type. The suite's payloads are untyped, so inside the
     free-form values (the payload, the detail, utility arguments and
     results) a 3-element array whose first element is a dtype string, its
-    second a list of non-negative integers and its third an extension 3 or
-    an integer is read as an array (the suite never sends such a list
-    otherwise). Bytes always travel inline (vLLM sends ``bytes`` as
-    MessagePack bin, never in an aux frame).
+    second a list of integers and its third an extension 3 (only arrays
+    carry it), or an integer when the string is a dtype with a wire form,
+    is read as an array (the suite never sends such a list otherwise).
+    Bytes always travel inline (vLLM sends ``bytes`` as MessagePack bin,
+    never in an aux frame).
 
 Strict decoding
     As in ``vllm-v1``: extensions 1 (pickle) and 2 (cloudpickle) and every
@@ -417,9 +418,12 @@ def _looks_like_array(value: list[Any]) -> bool:
     if len(value) != 3:
         return False
     dtype, shape, data = value
-    return (isinstance(dtype, str) and isinstance(shape, list)
-            and all(_is_int(d) for d in shape)
-            and (isinstance(data, _RawView) or _is_int(data)))
+    if not (isinstance(dtype, str) and isinstance(shape, list)
+            and all(_is_int(d) for d in shape)):
+        return False
+    # Only arrays carry extension 3, so such a triple is an array (and a refused dtype is
+    # refused); with an integer it is one only if the string is a dtype with a wire form.
+    return isinstance(data, _RawView) or (_is_int(data) and _DTYPE.match(dtype) is not None)
 
 
 def _array(value: list[Any], aux: _Aux) -> np.ndarray[Any, Any]:
