@@ -15,8 +15,8 @@ first), so the ShutdownDropsQueue mutant is caught through a driver.
 from __future__ import annotations
 
 import shlex
-import time
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
