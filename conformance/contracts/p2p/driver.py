@@ -142,8 +142,9 @@ class DriverConnection(Remote):
         """``send()`` of each message in turn, back to back in the driver process
         (``send_many``, docs/drivers.md, section 5), stopping after the first that
         raised unless ``keep_going``: per send attempted, what it raised (``None``: it
-        returned) and the implementation's time in it as the driver measured it. ``limit`` is what one
-        send may take; the request may take that plus the crossing of the messages.
+        returned) and the implementation's time in it as the driver measured it.
+        ``limit`` is what one send may take; the request may take that plus the
+        crossing of the messages.
 
         ``None``, with nothing sent, when the driver does not offer the call: the
         caller then sends one at a time.
