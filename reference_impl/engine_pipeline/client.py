@@ -747,7 +747,8 @@ class EngineClient:
                 if requests.get(rid) != engine:
                     self.dropped_frames += 1  # unknown, finished, or another engine's
                     continue
-                force_setattr(out, "engine_index", engine)
+                if out.engine_index != engine:  # the default (0), or a sixth element
+                    force_setattr(out, "engine_index", engine)
                 reason = out.finish_reason
                 if reason is not None:
                     force_setattr(out, "finish_reason", reasons.get(reason, _ERROR))
