@@ -143,9 +143,10 @@ class RequestOutput(msgspec.Struct, array_like=True, frozen=True, gc=False):
     (its first five fields are the wire's ``EngineOutput``, in the wire's order, with the
     same types and defaults, so the same frames decode and the same are refused), then
     sets ``engine_index`` from the message and maps the finish reason: one object per
-    token instead of a decoded ``EngineOutput`` plus a copy of it (about a third of the
-    client's per-token work). A sixth element, which an ``EngineOutput`` would ignore,
-    must be an integer here and is overwritten.
+    token instead of a decoded ``EngineOutput`` plus a copy of it (docs/engine_pipeline.md,
+    Performance, has what it saves). A sixth element, which an ``EngineOutput`` would
+    ignore, must be an integer here and is overwritten (unless it already names the
+    message's engine).
 
     Not tracked by the cyclic garbage collector (one per token; no cycle runs
     through it, as for the wire structs: see :mod:`.wire`).
