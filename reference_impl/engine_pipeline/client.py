@@ -85,7 +85,7 @@ import zmq
 from msgspec.structs import force_setattr
 
 from reference_impl import _curve
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 from reference_impl.engine_pipeline.errors import (
     AddressInUse,
     ClientClosed,
@@ -100,6 +100,7 @@ from reference_impl.engine_pipeline.procwatch import ProcessWatch
 from reference_impl.engine_pipeline.wire import (
     ENGINE_CORE_DEAD,
     AddRequest,
+    EngineOutputs,
     FinishReason,
     RequestType,
     UtilityOutput,
@@ -180,7 +181,7 @@ class EngineClient:
                  client_count: int = 1, engine_indices: Sequence[int] = (0,),
                  ready_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
                  heartbeat_timeout_ms: int = 0, max_message_bytes: int = 64 << 20,
-                 restart: str = "none",
+                 restart: str = "none", wire: str = profiles.DEFAULT,
                  curve_server_secret_key: bytes | str | None = None,
                  curve_allowed_client_keys: Sequence[bytes | str] | None = None,
                  curve_zap_handler: _curve.ZapPolicy | None = None) -> None:
@@ -196,6 +197,8 @@ class EngineClient:
             raise ValueError(f"restart must be one of {', '.join(RESTART_POLICIES)}; got "
                              f"{restart!r:.40}")
         self.restart = restart
+        #: The wire profile's codec (:mod:`.profiles`): vllm-v1 unless ``wire`` names another.
+        self._codec = profiles.codec(wire)
         self.client_index = client_index
         self.client_count = client_count
         self.engine_indices = list(engine_indices)
@@ -213,7 +216,7 @@ class EngineClient:
         #: ``__enter__``/``__exit__``.
         self._lock = threading.RLock()
         self._state = threading.Condition(self._lock)
-        self._encoder = wire.Encoder()
+        self._encoder = self._codec.Encoder()
         self._outputs: list[RequestOutput] = []
         #: Output messages delivered so far (the I/O thread wakes readers once per batch).
         self._delivered = 0
@@ -561,7 +564,7 @@ class EngineClient:
         # The request is encoded below and dropped: a caller's list needs no copy.
         tokens = prompt if type(prompt) is list else list(prompt)
         request = AddRequest(request_id, tokens, max_tokens, self.client_index,
-                             None if payload is None else wire.prepare(payload))
+                             None if payload is None else self._codec.prepare(payload))
         with self._send_lock:
             frames = self._encoder.encode(request)
             size = (len(frames[0]) if len(frames) == 1  # the blob alone: a bytearray
@@ -608,7 +611,7 @@ class EngineClient:
             self._calls[call_id] = future
         try:
             with self._send_lock:
-                body = (self.client_index, call_id, method, wire.prepare(list(args)))
+                body = (self.client_index, call_id, method, self._codec.prepare(list(args)))
                 self._send(target, RequestType.UTILITY, self._encoder.encode(body))
             return future.result(timeout_ms / 1000)
         except FutureTimeout:
@@ -672,7 +675,10 @@ class EngineClient:
         return self._dead is None and not self._closed
 
     def _io_loop(self) -> None:
-        decoders = wire.Decoders(outputs_type=_DeliveredOutputs)
+        # The vllm-v1 codec decodes outputs straight into RequestOutput (_DeliveredOutputs);
+        # another profile's decodes to the suite's EngineOutputs, copied in _on_output.
+        decoders = (wire.Decoders(outputs_type=_DeliveredOutputs) if self._codec is wire
+                    else self._codec.Decoders())
         poller = zmq.Poller()
         poller.register(self._output, zmq.POLLIN)
         poller.register(self._handshake, zmq.POLLIN)
@@ -715,13 +721,13 @@ class EngineClient:
         except Exception as exc:
             self._die(f"the client's I/O thread failed: {type(exc).__name__}: {exc}")
 
-    def _on_output(self, frames: list[Any], decoders: wire.Decoders) -> None:
+    def _on_output(self, frames: list[Any], decoders: Any) -> None:
         if len(frames) == 1 and len(frames[0]) == len(ENGINE_CORE_DEAD) \
                 and frames[0].bytes == ENGINE_CORE_DEAD:
             self._die("an engine reported a fatal error (ENGINE_CORE_DEAD)")
             return
         try:
-            message: _DeliveredOutputs = decoders.outputs.decode(frames, "outputs")
+            message: Any = self._codec.decode_outputs(frames, decoders)
         except wire.WireError as exc:
             self.dropped_frames += 1
             log.warning("client %d: dropped an output message: %s", self.client_index, exc)
@@ -737,26 +743,54 @@ class EngineClient:
                         future.set_exception(UtilityFailed(utility.failure_message))
                     else:
                         future.set_result(utility.result)
-            requests = self._requests
             pending = self._outputs
             before = len(pending)
-            append = pending.append
-            reasons = _FINISH_REASONS
-            engine = message.engine_index
-            for out in message.outputs:
-                rid = out.request_id
-                if requests.get(rid) != engine:
-                    self.dropped_frames += 1  # unknown, finished, or another engine's
-                    continue
-                if out.engine_index != engine:  # the default (0), or a sixth element
-                    force_setattr(out, "engine_index", engine)
-                reason = out.finish_reason
-                if reason is not None:
-                    force_setattr(out, "finish_reason", reasons.get(reason, _ERROR))
-                    del requests[rid]
-                append(out)
+            if type(message) is _DeliveredOutputs:
+                self._deliver_decoded(message, pending)
+            else:  # another profile's codec decodes to the suite's EngineOutputs
+                self._deliver_copies(message, pending)
             if len(pending) != before:
                 self._delivered += 1
+
+    def _deliver_decoded(self, message: _DeliveredOutputs,
+                         pending: list[RequestOutput]) -> None:
+        """``_on_output``'s routing and delivery (state lock held) of outputs decoded
+        straight into :class:`RequestOutput` (the vllm-v1 codec): each output of a request
+        in flight on this engine is delivered as it is, its engine index and finish
+        reason set; any other is dropped and counted."""
+        requests = self._requests
+        append = pending.append
+        reasons = _FINISH_REASONS
+        engine = message.engine_index
+        for out in message.outputs:
+            rid = out.request_id
+            if requests.get(rid) != engine:
+                self.dropped_frames += 1  # unknown, finished, or another engine's
+                continue
+            if out.engine_index != engine:  # the default (0), or a sixth element
+                force_setattr(out, "engine_index", engine)
+            reason = out.finish_reason
+            if reason is not None:
+                force_setattr(out, "finish_reason", reasons.get(reason, _ERROR))
+                del requests[rid]
+            append(out)
+
+    def _deliver_copies(self, message: EngineOutputs, pending: list[RequestOutput]) -> None:
+        """``_on_output``'s routing and delivery for a profile that decodes to the suite's
+        :class:`~.wire.EngineOutputs` (state lock held): a :class:`RequestOutput` per output."""
+        requests = self._requests
+        engine = message.engine_index
+        for out in message.outputs:
+            rid = out.request_id
+            if requests.get(rid) != engine:
+                self.dropped_frames += 1  # unknown, finished, or another engine's
+                continue
+            reason = out.finish_reason
+            if reason is not None:
+                reason = _FINISH_REASONS.get(reason, _ERROR)
+                del requests[rid]
+            pending.append(RequestOutput(rid, out.new_token_ids, reason, out.payload,
+                                         out.detail, engine))
 
     def _start_monitor(self) -> zmq.Socket[bytes]:
         """Watch the output PULL from its bind on, so every engine's connection is seen."""
