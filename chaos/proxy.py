@@ -279,7 +279,9 @@ class Toxiproxy:
                     self._forget(proxy.name)
                     continue
                 raise
-            for toxic in info.toxics:
+            # Newest first: toxiproxy-server 2.12.0 can crash when a toxic goes
+            # from in front of another one (docs/chaos.md, its AddToxic panic).
+            for toxic in reversed(info.toxics):
                 proxy.remove_toxic(toxic.name)
             if not info.enabled:
                 proxy.enable()

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reference_impl.engine_pipeline import vllm_wire, wire
 from reference_impl.engine_pipeline.client import EngineClient, RequestOutput
 from reference_impl.engine_pipeline.engine import EngineCore
 from reference_impl.engine_pipeline.errors import (
@@ -101,6 +102,30 @@ class AdoptingClient(HeartbeatClient):
         super().__init__(addresses, **options)
 
 
+class VllmWireEngine(EngineCore):
+    """The reference engine on the ``vllm-0.33`` profile (vLLM 0.33's payload layouts)."""
+
+    def __init__(self, addresses: Any, **options: Any) -> None:
+        options.setdefault("wire", vllm_wire.PROFILE)
+        super().__init__(addresses, **options)
+
+
+class VllmWireClient(HeartbeatClient):
+    """The reference client (heartbeats on) on the ``vllm-0.33`` profile."""
+
+    def __init__(self, addresses: Any = "tcp", **options: Any) -> None:
+        options.setdefault("wire", vllm_wire.PROFILE)
+        super().__init__(addresses, **options)
+
+
+class VllmWireAdoptingClient(AdoptingClient):
+    """The reference client with restart ``adopt`` on the ``vllm-0.33`` profile."""
+
+    def __init__(self, addresses: Any = "tcp", **options: Any) -> None:
+        options.setdefault("wire", vllm_wire.PROFILE)
+        super().__init__(addresses, **options)
+
+
 REFERENCE_CAPABILITIES: Mapping[str, Any] = {
     "wire": "vllm-v1",
     "detects_hang": True,
@@ -117,6 +142,28 @@ REFERENCE = PipelineImplementation(engine=EngineCore, client=HeartbeatClient,
 REFERENCE_ADOPT = PipelineImplementation(
     engine=EngineCore, client=AdoptingClient,
     capabilities={**REFERENCE_CAPABILITIES, "restart": "adopt"})
+#: The same pipeline on the ``vllm-0.33`` profile: ``--transport
+#: reference_impl.engine_pipeline:REFERENCE_VLLM``.
+REFERENCE_VLLM = PipelineImplementation(
+    engine=VllmWireEngine, client=VllmWireClient,
+    capabilities={**REFERENCE_CAPABILITIES, "wire": vllm_wire.PROFILE})
+REFERENCE_VLLM_ADOPT = PipelineImplementation(
+    engine=VllmWireEngine, client=VllmWireAdoptingClient,
+    capabilities={**REFERENCE_VLLM.capabilities, "restart": "adopt"})
+
+_BY_PROFILE: Mapping[str, PipelineImplementation] = {
+    wire.PROFILE: REFERENCE, vllm_wire.PROFILE: REFERENCE_VLLM}
+
+
+def reference_for(profile: str) -> PipelineImplementation:
+    """The reference pipeline speaking wire profile ``profile`` (the side the suite plays
+    when an implementation provides only one); ``ValueError`` for an unknown profile."""
+    try:
+        return _BY_PROFILE[profile]
+    except KeyError:
+        raise ValueError(f"no reference pipeline speaks wire profile {profile!r:.40}; known: "
+                         f"{', '.join(_BY_PROFILE)}") from None
+
 
 __all__ = [
     "HEARTBEAT_IVL_MS",
@@ -124,6 +171,8 @@ __all__ = [
     "REFERENCE",
     "REFERENCE_ADOPT",
     "REFERENCE_CAPABILITIES",
+    "REFERENCE_VLLM",
+    "REFERENCE_VLLM_ADOPT",
     "AddressInUse",
     "AdoptingClient",
     "ClientClosed",
@@ -144,5 +193,9 @@ __all__ = [
     "RequestOutput",
     "UtilityFailed",
     "UtilityTimeout",
+    "VllmWireAdoptingClient",
+    "VllmWireClient",
+    "VllmWireEngine",
+    "reference_for",
     "token_of",
 ]

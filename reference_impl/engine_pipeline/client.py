@@ -85,7 +85,7 @@ import msgspec
 import zmq
 
 from reference_impl import _curve
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 from reference_impl.engine_pipeline.errors import (
     AddressInUse,
     ClientClosed,
@@ -157,7 +157,7 @@ class EngineClient:
                  client_count: int = 1, engine_indices: Sequence[int] = (0,),
                  ready_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
                  heartbeat_timeout_ms: int = 0, max_message_bytes: int = 64 << 20,
-                 restart: str = "none",
+                 restart: str = "none", wire: str = profiles.DEFAULT,
                  curve_server_secret_key: bytes | str | None = None,
                  curve_allowed_client_keys: Sequence[bytes | str] | None = None,
                  curve_zap_handler: _curve.ZapPolicy | None = None) -> None:
@@ -173,6 +173,8 @@ class EngineClient:
             raise ValueError(f"restart must be one of {', '.join(RESTART_POLICIES)}; got "
                              f"{restart!r:.40}")
         self.restart = restart
+        #: The wire profile's codec (:mod:`.profiles`): vllm-v1 unless ``wire`` names another.
+        self._codec = profiles.codec(wire)
         self.client_index = client_index
         self.client_count = client_count
         self.engine_indices = list(engine_indices)
@@ -186,7 +188,7 @@ class EngineClient:
         self._ipc_files: list[str] = []
         self._send_lock = threading.Lock()
         self._state = threading.Condition()
-        self._encoder = wire.Encoder()
+        self._encoder = self._codec.Encoder()
         self._outputs: deque[RequestOutput] = deque()
         #: Output messages delivered so far (the I/O thread wakes readers once per batch).
         self._delivered = 0
@@ -532,7 +534,7 @@ class EngineClient:
         if target not in self.engine_indices:
             raise ValueError(f"engine {target} is not one of {self.engine_indices}")
         request = AddRequest(request_id, list(prompt), max_tokens, self.client_index,
-                             None if payload is None else wire.prepare(payload))
+                             None if payload is None else self._codec.prepare(payload))
         with self._send_lock:
             frames = self._encoder.encode(request)
             size = (len(frames[0]) if len(frames) == 1  # the blob alone: a bytearray
@@ -579,7 +581,7 @@ class EngineClient:
             self._calls[call_id] = future
         try:
             with self._send_lock:
-                body = (self.client_index, call_id, method, wire.prepare(list(args)))
+                body = (self.client_index, call_id, method, self._codec.prepare(list(args)))
                 self._send(target, RequestType.UTILITY, self._encoder.encode(body))
             return future.result(timeout_ms / 1000)
         except FutureTimeout:
@@ -643,7 +645,7 @@ class EngineClient:
         return self._dead is None and not self._closed
 
     def _io_loop(self) -> None:
-        decoders = wire.Decoders()
+        decoders = self._codec.Decoders()
         poller = zmq.Poller()
         poller.register(self._output, zmq.POLLIN)
         poller.register(self._handshake, zmq.POLLIN)
@@ -686,13 +688,13 @@ class EngineClient:
         except Exception as exc:
             self._die(f"the client's I/O thread failed: {type(exc).__name__}: {exc}")
 
-    def _on_output(self, frames: list[Any], decoders: wire.Decoders) -> None:
+    def _on_output(self, frames: list[Any], decoders: Any) -> None:
         if len(frames) == 1 and len(frames[0]) == len(ENGINE_CORE_DEAD) \
                 and frames[0].bytes == ENGINE_CORE_DEAD:
             self._die("an engine reported a fatal error (ENGINE_CORE_DEAD)")
             return
         try:
-            message = wire.decode_outputs(frames, decoders)
+            message = self._codec.decode_outputs(frames, decoders)
         except wire.WireError as exc:
             self.dropped_frames += 1
             log.warning("client %d: dropped an output message: %s", self.client_index, exc)

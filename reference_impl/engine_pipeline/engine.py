@@ -76,7 +76,7 @@ from typing import Any, Final
 import zmq
 
 from reference_impl import _curve
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 from reference_impl.engine_pipeline.errors import (
     EngineFatal,
     HandshakeRefused,
@@ -125,7 +125,7 @@ class EngineCore:
 
     def __init__(self, addresses: Sequence[str], *, engine_index: int, model: Any,
                  handshake_timeout_ms: int = 10_000, heartbeat_ivl_ms: int = 0,
-                 heartbeat_timeout_ms: int = 0,
+                 heartbeat_timeout_ms: int = 0, wire: str = profiles.DEFAULT,
                  curve_client_secret_key: bytes | str | None = None,
                  curve_server_key: bytes | str | None = None) -> None:
         # Checked first: a bad key is a ValueError before any socket exists.
@@ -135,6 +135,8 @@ class EngineCore:
         if not 0 <= engine_index < 1 << 16:
             raise ValueError(f"engine_index {engine_index} does not fit 2 bytes")
         self.addresses = list(addresses)
+        #: The wire profile's codec (:mod:`.profiles`): vllm-v1 unless ``wire`` names another.
+        self._codec = profiles.codec(wire)
         self.engine_index = engine_index
         self.model = model
         self.handshake_timeout_ms = handshake_timeout_ms
@@ -164,7 +166,7 @@ class EngineCore:
         input_thread: threading.Thread | None = None
         try:
             self._handshake()
-            sender = self._sender_type(self._pushes)
+            sender = self._sender_type(self._pushes, self._codec)
             input_thread = threading.Thread(target=self._input_loop, daemon=True,
                                             name=f"engine{self.engine_index}-input")
             input_thread.start()
@@ -200,7 +202,7 @@ class EngineCore:
     def _handshake(self) -> None:
         hello = wire.encode_handshake({
             "status": "HELLO", "engine_index": self.engine_index, "pid": os.getpid(),
-            "host": _socket.gethostname(), "profile": wire.PROFILE,
+            "host": _socket.gethostname(), "profile": self._codec.PROFILE,
         })
         for address in self.addresses:
             hs = self._socket(zmq.DEALER)
@@ -261,7 +263,7 @@ class EngineCore:
     # -- threads ----------------------------------------------------------------
 
     def _input_loop(self) -> None:
-        decoders = wire.Decoders()
+        decoders = self._codec.Decoders()
         poller = zmq.Poller()
         for dealer in self._dealers:
             poller.register(dealer, zmq.POLLIN)
@@ -280,9 +282,9 @@ class EngineCore:
         except BaseException as exc:
             self._inputs.put(("the input thread", exc))
 
-    def _accept_frames(self, frames: list[Any], decoders: wire.Decoders) -> None:
+    def _accept_frames(self, frames: list[Any], decoders: Any) -> None:
         try:
-            self._inputs.put(wire.decode_request(frames, decoders))
+            self._inputs.put(self._codec.decode_request(frames, decoders))
         except wire.WireError as exc:
             self.dropped_frames += 1
             log.warning("engine %d: dropped a request: %s", self.engine_index, exc)
@@ -396,9 +398,9 @@ class _OutputSender:
     Used by one thread only (the main loop), as are the PUSH sockets it sends on.
     """
 
-    def __init__(self, pushes: list[zmq.Socket[bytes]]) -> None:
+    def __init__(self, pushes: list[zmq.Socket[bytes]], codec: Any = wire) -> None:
         self._pushes = pushes
-        self._encoder = wire.Encoder()
+        self._encoder = codec.Encoder()
         self._free: list[bytearray] = []
         #: Buffers in flight: the tracker of the frame that carries each.
         self._in_flight: deque[tuple[zmq.MessageTracker, bytearray]] = deque()

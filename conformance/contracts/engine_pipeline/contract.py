@@ -25,6 +25,7 @@ CONTRACTS: Final = (
         "and/or client(addresses, *, client_index, client_count, engine_indices), or a "
         "callable of no arguments returning one",
         probe=((), {}),
+        preflight="conformance.contracts.engine_pipeline.preflight:check_profile",
         driver="conformance.contracts.engine_pipeline.driver:PipelineDriver",
         python_service="conformance.contracts.engine_pipeline.driver:PipelineService",
     ),

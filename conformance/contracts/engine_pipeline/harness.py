@@ -341,9 +341,9 @@ class Rig:
         if under_test:
             factory = self.spec.require("client", clause)
         else:
-            from reference_impl.engine_pipeline import REFERENCE
+            from reference_impl.engine_pipeline import reference_for
 
-            factory = REFERENCE.client
+            factory = reference_for(self.caps.wire).client
         options.setdefault("ready_timeout_ms", READY_TIMEOUT_MS)
         try:
             client = guarded("client factory", lambda: factory(
@@ -371,9 +371,9 @@ class Rig:
                 return started
             factory: Any = self.spec.engine_path
         else:
-            from reference_impl.engine_pipeline import REFERENCE
+            from reference_impl.engine_pipeline import reference_for
 
-            factory = REFERENCE.engine
+            factory = reference_for(self.caps.wire).engine
         process = EngineProcess(factory, list(addresses), engine_index=engine_index,
                                 model=model, options=options, stderr_dir=self.tmp_path)
         self.processes.append(process)

@@ -1,4 +1,4 @@
-"""Raw ``vllm-v1`` peers: the suite playing an engine or a client, byte for byte.
+"""Raw peers: the suite playing an engine or a client, byte for byte, on a wire profile.
 
 :class:`RawEngine` shakes hands with a client under test (HELLO, WELCOME,
 the DEALER's first message, READY) and then reads its requests as frames and
@@ -6,8 +6,9 @@ writes whatever output frames a test wants, hostile ones included.
 :class:`RawClient` binds the three client sockets, welcomes an engine under
 test, and sends request frames (hostile ones included) and reads outputs;
 it can stop reading (tiny receive buffers), as a stalled API server does.
-Both use :mod:`reference_impl.engine_pipeline.wire` for valid frames, so a
-hostile frame is exactly one deliberate deviation from the profile.
+Both use the codec of their ``wire`` profile (:mod:`reference_impl.engine_pipeline.profiles`:
+``vllm-v1`` by default, or ``vllm-0.33``) for valid frames, so a hostile
+frame is exactly one deliberate deviation from the profile.
 ``secure`` (a function applied to every socket before it connects or binds,
 as :func:`conformance.testing.credentials.as_client`/``as_server`` return)
 makes either a CURVE peer: an honest one, a stranger with a key of its own,
@@ -26,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 from reference_impl.engine_pipeline.wire import (
     ENGINE_CORE_DEAD,
     AddRequest,
@@ -46,8 +47,11 @@ class RawEngine:
     """The suite as engine ``engine_index`` of one client (see the module docstring)."""
 
     def __init__(self, handshake_address: str, *, engine_index: int = 0,
-                 pid: int | None = None, secure: Secure | None = None) -> None:
+                 pid: int | None = None, secure: Secure | None = None,
+                 wire: str = profiles.DEFAULT) -> None:
         self.engine_index = engine_index
+        #: The codec of the profile this peer plays.
+        self.codec = profiles.codec(wire)
         self._secure = secure
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._hs = self._socket(zmq.DEALER)
@@ -57,8 +61,8 @@ class RawEngine:
         self.push: zmq.Socket[bytes] | None = None
         #: The output connection of :meth:`join` with ``silent_output``.
         self.silent_output: _socket.socket | None = None
-        self._encoder = wire.Encoder()
-        self.decoders = wire.Decoders()
+        self._encoder = self.codec.Encoder()
+        self.decoders = self.codec.Decoders()
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(kind)
@@ -74,7 +78,7 @@ class RawEngine:
         with contextlib.suppress(zmq.Again):
             self._hs.send(wire.encode_handshake({
                 "status": "HELLO", "engine_index": self.engine_index, "pid": self._pid,
-                "host": _socket.gethostname(), "profile": wire.PROFILE}), zmq.NOBLOCK)
+                "host": _socket.gethostname(), "profile": self.codec.PROFILE}), zmq.NOBLOCK)
         if not self._hs.poll(int(timeout_s * 1000)):
             return None
         return wire.decode_handshake(self._hs.recv())
@@ -137,6 +141,16 @@ class RawEngine:
         self.send_frames([bytes(f) if isinstance(f, bytearray) else f
                           for f in self._encoder.encode(message)])
 
+    def outputs_frames(self, outputs: list[EngineOutput], utility: Any = None) -> list[Any]:
+        """The frames of one output message under this peer's profile."""
+        message = EngineOutputs(self.engine_index, outputs, utility)
+        return [bytes(f) if isinstance(f, bytearray) else f for f in self._encoder.encode(message)]
+
+    def decode_add(self, frames: list[Any]) -> AddRequest:
+        """An ADD's ``[blob, aux...]`` decoded strictly under this peer's profile."""
+        request: AddRequest = self.codec.decode_add(frames, self.decoders)
+        return request
+
     def send_dead(self) -> None:
         self.send_frames([ENGINE_CORE_DEAD])
 
@@ -164,8 +178,10 @@ class RawClient:
     """The suite as client ``client_index`` of engines under test (module docstring)."""
 
     def __init__(self, *, client_index: int = 0, stalled: bool = False,
-                 secure: Secure | None = None) -> None:
+                 secure: Secure | None = None, wire: str = profiles.DEFAULT) -> None:
         self.client_index = client_index
+        #: The codec of the profile this peer plays.
+        self.codec = profiles.codec(wire)
         self._secure = secure
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.handshake = self._bind(zmq.ROUTER)
@@ -186,8 +202,8 @@ class RawClient:
             "output": self.output.getsockopt_string(zmq.LAST_ENDPOINT),
         }
         self.engines: dict[int, bytes] = {}
-        self._encoder = wire.Encoder()
-        self.decoders = wire.Decoders()
+        self._encoder = self.codec.Encoder()
+        self.decoders = self.codec.Decoders()
 
     @property
     def handshake_address(self) -> str:
@@ -251,7 +267,7 @@ class RawClient:
     def add(self, rid: str, max_tokens: int, *, prompt: list[int] | None = None,
             payload: Any = None, engine_index: int = 0) -> None:
         request = AddRequest(rid, prompt or [1], max_tokens, self.client_index,
-                             wire.prepare(payload))
+                             self.codec.prepare(payload))
         self.send_raw([RequestType.ADD.value, *self._encoded(request)], engine_index)
 
     def abort(self, rids: list[str], engine_index: int = 0) -> None:
@@ -262,6 +278,15 @@ class RawClient:
         body = (self.client_index, call_id, method, list(args))
         self.send_raw([RequestType.UTILITY.value, *self._encoded(body)], engine_index)
         return call_id
+
+    def add_frames(self, request: AddRequest) -> list[bytes]:
+        """``[ADD type byte, blob, aux...]`` of ``request`` under this peer's profile."""
+        return [RequestType.ADD.value, *self._encoded(request)]
+
+    def decode_add(self, frames: list[Any]) -> AddRequest:
+        """An ADD's ``[blob, aux...]`` decoded strictly under this peer's profile."""
+        request: AddRequest = self.codec.decode_add(frames, self.decoders)
+        return request
 
     def _encoded(self, value: Any) -> list[Any]:
         return [bytes(f) if isinstance(f, bytearray) else f for f in self._encoder.encode(value)]
@@ -283,7 +308,7 @@ class RawClient:
             if len(frames) == 1 and frames[0].bytes == ENGINE_CORE_DEAD:
                 out.append(ENGINE_CORE_DEAD)
             else:
-                out.append(wire.decode_outputs(frames, self.decoders))
+                out.append(self.codec.decode_outputs(frames, self.decoders))
         return out
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from conformance.config.loading import implementation_sides
 from conformance.errors import ConfigError
 
 DEFAULT_TARGET = "reference_impl.engine_pipeline:REFERENCE"
-WIRE_PROFILES = ("vllm-v1",)
+WIRE_PROFILES = ("vllm-v1", "vllm-0.33")
 MALFORMED_INPUT = ("tolerate", "fatal")
 RESTART = ("none", "adopt")
 
@@ -33,7 +33,8 @@ class PipelineCapabilities:
     """What an implementation declares (``--capability NAME=VALUE`` overrides each).
 
     Attributes:
-        wire: the wire profile it speaks (``vllm-v1``).
+        wire: the wire profile it speaks (``vllm-v1``, the default, or ``vllm-0.33``,
+            vLLM 0.33's own payload layouts; ``docs/engine_pipeline.md``).
         detects_hang: it has a liveness heartbeat, so a paused (SIGSTOP) engine is
             seen as dead; without it the pause test is skipped with the reason.
         death_bound_ms: an engine's death is seen within this bound.
@@ -135,14 +136,16 @@ class PipelineSpec:
         return factory
 
     def engine_or_reference(self) -> Callable[..., Any]:
-        from reference_impl.engine_pipeline import REFERENCE
+        from reference_impl.engine_pipeline import reference_for
 
-        return self.engine if self.engine is not None else REFERENCE.engine
+        return self.engine if self.engine is not None \
+            else reference_for(self.capabilities.wire).engine
 
     def client_or_reference(self) -> Callable[..., Any]:
-        from reference_impl.engine_pipeline import REFERENCE
+        from reference_impl.engine_pipeline import reference_for
 
-        return self.client if self.client is not None else REFERENCE.client
+        return self.client if self.client is not None \
+            else reference_for(self.capabilities.wire).client
 
     @property
     def engine_path(self) -> str:

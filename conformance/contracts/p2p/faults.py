@@ -29,6 +29,9 @@ connection starts), with a plain close when it is older. A disabled proxy closes
 connections and refuses new ones. ``latency``, ``slicer`` and ``bandwidth``
 delay, fragment and throttle without losing bytes; ``slow_close`` with a
 long delay (:meth:`Faults.hold_close`) holds a close back.
+
+Heals take toxics off a proxy only from the end of its chain, so that any
+heal order is safe on toxiproxy-server 2.12.0 (see :meth:`Faults.heal`).
 """
 
 from __future__ import annotations
@@ -100,6 +103,18 @@ class Fault:
         return f"<Fault {self.describe()} {state}>"
 
 
+@dataclass(eq=False)
+class _Placed:
+    """One toxic on a proxy, as added (to add it again), and whether its fault was healed."""
+
+    fault: Fault
+    name: str
+    type: ToxicType
+    stream: StreamName
+    attributes: dict[str, int]
+    released: bool = False
+
+
 class Faults:
     """Makes and heals faults on one chaos cluster's proxies."""
 
@@ -107,6 +122,9 @@ class Faults:
         self._cluster = cluster
         self.active: list[Fault] = []
         self.history: list[Fault] = []
+        #: Every toxic still on a proxy, by proxy name, in the order added
+        #: (toxiproxy's chain order), healed or not (see :meth:`heal`).
+        self._placed: dict[str, list[_Placed]] = {}
 
     # -- making faults ------------------------------------------------------
 
@@ -173,17 +191,39 @@ class Faults:
 
         Every toxic and proxy of the fault is attempted even if one call
         fails; the first error is raised afterwards.
+
+        Toxics only ever leave a proxy from the end of its chain, newest
+        first, because toxiproxy-server 2.12.0 crashes otherwise: a toxic
+        removed from in front of one whose stub is still busy (a close held
+        by ``slow_close``, data held by ``latency`` or ``slicer``) while the
+        connection closes leaves that link's stubs out of step with the
+        chain, and its next ``AddToxic`` on the proxy panics (docs/chaos.md,
+        "toxiproxy-server 2.12.0's AddToxic panic"). So to take out a toxic
+        with newer ones behind it:
+
+        - newer toxics of faults still in place are taken out with it and
+          put back at once, in their order (the fault lapses for the few
+          milliseconds of those API calls: a latency, slicer or reset that
+          lets some bytes through undelayed, whole or uncut, which no clause
+          forbids);
+        - except when one of them belongs to a partition still in place:
+          then the healed toxic stays until that partition is healed (it
+          acts only on what the partition's ``timeout`` drops, and a close
+          it passes on is held by the partition's ``slow_close`` either way;
+          a ``reset_peer`` kept so gives connections opened meanwhile
+          SO_LINGER 0, so the partition's heal resets rather than closes
+          them, and they are fault-touched connections either way).
         """
         if fault.healed_at is not None:
             return fault.healed_at
         errors: list[ToxiproxyError] = []
-        # Newest first: a partition's close-holding toxics go before the
-        # ``timeout`` toxics whose removal closes the connections.
-        for proxy, name in reversed(fault.toxics):
-            try:
-                proxy.remove_toxic(name)
-            except ToxiproxyError as exc:
-                errors.append(exc)
+        for placed in self._placed.values():
+            for entry in placed:
+                if entry.fault is fault:
+                    entry.released = True
+        # The newest proxy first, as the toxics were added.
+        for proxy in reversed(dict.fromkeys(proxy for proxy, _ in fault.toxics)):
+            self._unwind(proxy, errors)
         for proxy in fault.disabled:
             try:
                 proxy.enable()
@@ -240,6 +280,37 @@ class Faults:
                 name = f"{stem}_{stream}_{number}"
                 proxy.add_toxic(toxic, stream=stream, name=name, **attributes)
                 fault.toxics.append((proxy, name))
+                self._placed.setdefault(proxy.name, []).append(
+                    _Placed(fault, name, toxic, stream, dict(attributes)))
+
+    def _unwind(self, proxy: Proxy, errors: list[ToxiproxyError]) -> None:
+        """Take the healed toxics off ``proxy`` from the end of its chain (see :meth:`heal`).
+
+        The toxics from the oldest healed one that may go now (none in front of a
+        partition still in place) to the end are removed newest first; those of
+        faults still in place among them are added again, oldest first.
+        """
+        placed = self._placed.get(proxy.name, [])
+        shield = max((i for i, entry in enumerate(placed)
+                      if entry.fault.kind == "partition" and not entry.released), default=-1)
+        going = [i for i, entry in enumerate(placed) if i > shield and entry.released]
+        if not going:
+            return
+        first = going[0]
+        taken = placed[first:]
+        for entry in reversed(taken):
+            try:
+                proxy.remove_toxic(entry.name)
+            except ToxiproxyError as exc:
+                errors.append(exc)
+        kept = [entry for entry in taken if not entry.released]
+        self._placed[proxy.name] = placed[:first] + kept
+        for entry in kept:
+            try:
+                proxy.add_toxic(entry.type, stream=entry.stream, name=entry.name,
+                                **entry.attributes)
+            except ToxiproxyError as exc:
+                errors.append(exc)
 
     def _register(self, fault: Fault) -> None:
         # Registered before the first API call, so a call failing half-way

@@ -47,7 +47,7 @@ from conformance.testing.credentials import (
     strangers,
 )
 from conformance.testing.credentials import secrets_in as leaked_secrets
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles
 from reference_impl.engine_pipeline.wire import ENGINE_CORE_DEAD, EngineOutput, EngineOutputs
 
 CLAUSE = "PIPE-13"
@@ -87,7 +87,8 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     finish_ready = rig.ready_in_background(client, clause=CLAUSE)
     posing: list[tuple[str, RawEngine]] = []
     for kind, secure in strangers(creds):
-        stranger = RawEngine(addresses["handshake"], engine_index=0, secure=secure)
+        stranger = RawEngine(addresses["handshake"], engine_index=0, secure=secure,
+                             wire=rig.caps.wire)
         rig.closers.append(stranger.close)
         answer = stranger.hello(_STRANGER_WAIT_S)
         assert answer is None, (
@@ -99,7 +100,7 @@ def test_a_stranger_engine_gets_no_welcome_no_request_and_no_output_in(rig: Rig)
     finish_ready()
     rid = request_id("p13-")
     guarded("add()", lambda: client.add(rid, [1], 20), 5.0)
-    forged = [bytes(f) for f in wire.Encoder().encode(
+    forged = [bytes(f) for f in profiles.codec(rig.caps.wire).Encoder().encode(
         EngineOutputs(0, [EngineOutput(rid, [_FORGED_TOKEN])]))]
     for _, stranger in posing:
         assert stranger.push is not None
@@ -136,7 +137,7 @@ def test_an_engine_sends_no_hello_to_an_impostor_client(rig: Rig, impostor: str)
     require_authentication(rig.spec)
     rig.spec.require("engine", CLAUSE)
     creds = SuiteCredentials.generate()
-    fake = RawClient(secure=impostor_server(impostor))
+    fake = RawClient(secure=impostor_server(impostor), wire=rig.caps.wire)
     rig.closers.append(fake.close)
     process = _keyed_engine(rig, [fake.handshake_address], creds)
     assert process.wait_line("SERVING", PROCESS_READY_S), (

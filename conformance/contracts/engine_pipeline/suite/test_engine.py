@@ -16,8 +16,12 @@ import msgspec
 import pytest
 
 from conformance.contracts.engine_pipeline.harness import Rig, Streams, request_id
+from conformance.contracts.engine_pipeline.hostile_values import (
+    aux_index_out_of_range,
+    shape_not_buffer,
+)
 from conformance.contracts.engine_pipeline.peers import RawClient
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 from reference_impl.engine_pipeline.model import ENGINE_ABORT_TOKEN, REJECT_TOKEN
 from reference_impl.engine_pipeline.wire import (
     ENGINE_CORE_DEAD,
@@ -41,8 +45,8 @@ def _finished(raw: RawClient, rid: str, timeout_s: float) -> list[Any]:
 @pytest.mark.clause("PIPE-4")
 def test_a_stalled_client_costs_the_others_nothing(rig: Rig) -> None:
     """Client 1 stops reading while the engine floods it; client 0 is served within a bound."""
-    fast = RawClient(client_index=0)
-    stalled = RawClient(client_index=1, stalled=True)
+    fast = RawClient(client_index=0, wire=rig.caps.wire)
+    stalled = RawClient(client_index=1, stalled=True, wire=rig.caps.wire)
     rig.closers += [fast.close, stalled.close]
     rig.engine([fast.handshake_address, stalled.handshake_address], clause="PIPE-4",
                model={"detail_bytes": 16 << 10})
@@ -86,19 +90,21 @@ def _flood_under_way(raw: RawClient, *, steps: int, limit_s: float) -> None:
                          "blocked on the stalled client)")
 
 
-def _hostile_frames(marker: Path) -> dict[str, list[bytes]]:
-    add = wire.AddRequest("hostile", [1], 1, 0)
-    blob = msgspec.msgpack.encode(add)
+def _hostile_frames(marker: Path, profile: str) -> dict[str, list[bytes]]:
+    encoder = profiles.codec(profile).Encoder()
+
+    def blob_of(request: wire.AddRequest) -> bytes:
+        return bytes(encoder.encode(request)[0])
+
+    blob = blob_of(wire.AddRequest("hostile", [1], 1, 0))
     # A pickle whose loading would create the marker file (never run by a strict decoder).
     evil = pickle.dumps(_Opener(str(marker)))
-    pickled = msgspec.msgpack.encode(wire.AddRequest(
+    pickled = blob_of(wire.AddRequest(
         "pickled", [1], 1, 0, {"x": msgspec.msgpack.Ext(wire.EXT_PICKLE, evil)}))
-    bad_index = msgspec.msgpack.encode(wire.AddRequest(
-        "badindex", [1], 1, 0, {"x": msgspec.msgpack.Ext(wire.EXT_AUX_BYTES,
-                                                         msgspec.msgpack.encode(5))}))
-    bad_shape = msgspec.msgpack.encode(wire.AddRequest(
-        "badshape", [1], 1, 0, {"x": msgspec.msgpack.Ext(wire.EXT_NDARRAY, msgspec.msgpack.encode(
-            ["<f8", [4, 4], b"short"]))}))
+    bad_index = blob_of(wire.AddRequest(
+        "badindex", [1], 1, 0, {"x": aux_index_out_of_range(profile, 5)}))
+    bad_shape = blob_of(wire.AddRequest("badshape", [1], 1, 0,
+                                        {"x": shape_not_buffer(profile)}))
     return {
         "unknown type byte": [b"\x7f", blob],
         "empty type frame": [b"", blob],
@@ -128,11 +134,11 @@ class _Opener:
 @pytest.mark.clause("PIPE-7")
 def test_hostile_frames_never_run_code_nor_silence_the_engine(rig: Rig) -> None:
     marker = rig.tmp_path / "unpickled-marker"
-    raw = RawClient()
+    raw = RawClient(wire=rig.caps.wire)
     rig.closers.append(raw.close)
     process = rig.engine([raw.handshake_address], clause="PIPE-7")
     raw.wait_ready()
-    for name, frames in _hostile_frames(marker).items():
+    for name, frames in _hostile_frames(marker, rig.caps.wire).items():
         raw.send_raw(frames)
         rid = request_id("after")
         raw.add(rid, 2)
@@ -160,7 +166,7 @@ def test_hostile_outputs_never_run_code_nor_silence_the_client(rig: Rig) -> None
 
     marker = rig.tmp_path / "unpickled-marker"
     client = rig.client(clause="PIPE-7")
-    engine = RawEngine(client.handshake_address)
+    engine = RawEngine(client.handshake_address, wire=rig.caps.wire)
     rig.closers.append(engine.close)
     ready = rig.ready_in_background(client, clause="PIPE-7")
     engine.join()
@@ -168,15 +174,14 @@ def test_hostile_outputs_never_run_code_nor_silence_the_client(rig: Rig) -> None
     rid = request_id("victim")
     client.add(rid, [1], 3)
     evil = pickle.dumps(_Opener(str(marker)))
-    good = wire.EngineOutputs(0, [wire.EngineOutput(rid, [1])])
+    good = engine.outputs_frames([wire.EngineOutput(rid, [1])])[0]
     hostile = {
         "garbage": [os.urandom(40)],
-        "truncated": [msgspec.msgpack.encode(good)[:5]],
-        "pickle extension": [msgspec.msgpack.encode(wire.EngineOutputs(0, [wire.EngineOutput(
-            rid, [1], None, msgspec.msgpack.Ext(wire.EXT_PICKLE, evil))]))],
-        "aux index out of range": [msgspec.msgpack.encode(wire.EngineOutputs(0, [
-            wire.EngineOutput(rid, [1], None, msgspec.msgpack.Ext(
-                wire.EXT_AUX_BYTES, msgspec.msgpack.encode(3)))]))],
+        "truncated": [good[:5]],
+        "pickle extension": engine.outputs_frames([wire.EngineOutput(
+            rid, [1], None, msgspec.msgpack.Ext(wire.EXT_PICKLE, evil))]),
+        "aux index out of range": engine.outputs_frames([wire.EngineOutput(
+            rid, [1], None, aux_index_out_of_range(rig.caps.wire, 3))]),
     }
     for frames in hostile.values():
         engine.send_frames(frames)
@@ -236,7 +241,7 @@ def test_outputs_reach_the_client_that_asked(rig: Rig) -> None:
 
 @pytest.mark.clause("PIPE-8")
 def test_engine_routes_aborts_and_rejections_by_client_index(rig: Rig) -> None:
-    raws = [RawClient(client_index=i) for i in range(2)]
+    raws = [RawClient(client_index=i, wire=rig.caps.wire) for i in range(2)]
     rig.closers += [r.close for r in raws]
     rig.engine([r.handshake_address for r in raws], clause="PIPE-8", model={"stall_ms": 2})
     from threading import Thread

@@ -31,7 +31,7 @@ from conformance.contracts.engine_pipeline.peers import RawEngine
 from conformance.contracts.engine_pipeline.squatter import PortSquatter, reported_but_free
 from conformance.errors import CallBlocked
 from conformance.testing.net import free_port
-from reference_impl.engine_pipeline import wire
+from reference_impl.engine_pipeline import profiles, wire
 
 
 def _dead_within(client: Any, bound_s: float, clause: str, what: str,
@@ -136,7 +136,7 @@ def test_engine_stopped_in_its_output_handshake_is_not_alive_past_the_bound(rig:
                     "a slow one (as vLLM today)")
     ready_ms = rig.caps.death_bound_ms
     client = rig.client(clause="PIPE-5", ready_timeout_ms=ready_ms)
-    engine = RawEngine(client.handshake_address)
+    engine = RawEngine(client.handshake_address, wire=rig.caps.wire)
     rig.closers.append(engine.close)
     ready = rig.ready_in_background(client, clause="PIPE-5", may_fail=True)
     engine.join(silent_output=True)
@@ -339,7 +339,7 @@ def test_handshake_deadline_is_honoured(rig: Rig) -> None:
 def test_unknown_and_duplicate_engines_are_refused(rig: Rig) -> None:
     client, _ = rig.pipeline(clause="PIPE-9")
     for index, what in ((7, "unknown"), (0, "duplicate")):
-        stranger = RawEngine(client.handshake_address, engine_index=index)
+        stranger = RawEngine(client.handshake_address, engine_index=index, wire=rig.caps.wire)
         rig.closers.append(stranger.close)
         answer = stranger.hello(2.0)
         assert answer is not None and answer.get("status") != "WELCOME", (
@@ -447,7 +447,7 @@ def _zombie_output(rig: Rig, client: Any, rid: str) -> None:
     monitor.close(linger=0)
     assert shaken, f"PIPE-11: the suite could not connect to the client's output {push_to}"
     out = wire.EngineOutputs(0, [wire.EngineOutput(rid, [token_of(rid, 99)])])
-    push.send(bytes(wire.Encoder().encode(out)[0]))
+    push.send(bytes(profiles.codec(rig.caps.wire).Encoder().encode(out)[0]))
 
 
 @pytest.mark.clause("PIPE-11")
@@ -467,7 +467,7 @@ def test_no_output_of_a_dead_incarnation(rig: Rig, policy: str) -> None:
         return
     # A replacement under the same index: refused (restart none), and what it pushes is
     # never delivered.
-    replacement = RawEngine(client.handshake_address, engine_index=0)
+    replacement = RawEngine(client.handshake_address, engine_index=0, wire=rig.caps.wire)
     rig.closers.append(replacement.close)
     answer = replacement.hello(1.0)
     assert answer is None or answer.get("status") != "WELCOME", (
