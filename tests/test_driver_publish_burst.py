@@ -1,4 +1,5 @@
-"""``publish_many`` and ``publish_copies`` (docs/drivers.md, section 6) through real drivers.
+"""``publish_many``, ``publish_copies`` and ``publish_then_shutdown`` (docs/drivers.md,
+section 6) through real drivers.
 
 A burst of ``publish()`` calls runs back to back in the driver process, so a
 queue fills (EVT-3) and a backlog is queued at shutdown (EVT-7) as they do
@@ -6,13 +7,16 @@ in-process. These tests check the calls carry what the suite judges: every
 batch once and in order on the wire, one outcome per batch (the error each
 ``publish()`` raised), and that a driver written before the addition
 (``tests/drivers/kv_publisher_v1.py``, which answers ``unsupported``) is driven
-one ``publish`` at a time with the same result.
+one ``publish`` at a time with the same result. ``publish_then_shutdown`` leaves
+EVT-7 a backlog at ``shutdown()`` (a round trip before it let the publisher drain
+first), so the ShutdownDropsQueue mutant is caught through a driver.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,3 +83,54 @@ def test_each_outcome_is_what_that_publish_raised() -> None:
         copies = publisher.zmq_conformance_publish_copies(make_batch(), 3)
     assert after is not None and copies is not None
     assert [type(o) for o in after[0] + copies[0]] == [PublisherClosedError] * 5
+
+
+MUTANT_DRIVER = (f"{shlex.quote(sys.executable)} -m conformance.drivers.python "
+                 "conformance.contracts.kv_events.publisher.mutants:ShutdownDropsQueue")
+
+
+def _burst_then_shutdown(command: str) -> tuple[Rig, dict[str, int], int, int]:
+    """EVT-7's burst (3000 batches), stats() and shutdown() through ``command``: the rig,
+    the stats before shutdown(), the batches a reader got, the undelivered count."""
+    rig = _rig(command)
+    try:
+        reader = rig.sub()
+        rig.join(reader)
+        before, took = rig.publish_then_shutdown(
+            (make_batch(events=3, tokens=256) for _ in range(3000)), limit=5.0)
+        assert 0.0 <= took < 5.0
+        after = rig.stats()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not rig.arrived(reader, len(rig.model) - 1):
+            reader.drain(20)
+        arrived = [i for i in (rig.index_of(m[2]) for m in reader.got) if i is not None]
+        return rig, dict(before), max(arrived) + 1 if arrived else 0, int(
+            after.get("undelivered", 0))
+    finally:
+        rig.close()
+
+
+def test_publish_then_shutdown_leaves_the_backlog_to_shutdown() -> None:
+    """One request: the burst, stats() and shutdown() back to back in the driver, so a
+    backlog is queued when shutdown() starts (published grows after the stats taken
+    just before it), and a correct publisher delivers it. The process is free again."""
+    rig, before, delivered, undelivered = _burst_then_shutdown(PYTHON_DRIVER)
+    assert not rig.publisher._no_burst_shutdown
+    assert int(before["published"]) < len(rig.model), "no backlog at shutdown()"
+    assert delivered + undelivered >= len(rig.model) > 3000  # the join's batches too
+    assert rig.publisher._released
+
+
+def test_shutdown_drops_queue_is_caught_through_a_driver() -> None:
+    """The ShutdownDropsQueue mutant, served by the Python driver: the backlog it was
+    given at shutdown() vanishes, neither published nor reported (EVT-7's check)."""
+    rig, before, delivered, undelivered = _burst_then_shutdown(MUTANT_DRIVER)
+    assert int(before["published"]) < len(rig.model)
+    assert delivered + undelivered < len(rig.model)
+
+
+def test_a_driver_without_publish_then_shutdown_gets_the_plain_calls() -> None:
+    rig, before, delivered, undelivered = _burst_then_shutdown(PROTOCOL_1_DRIVER)
+    assert rig.publisher._no_burst_shutdown and rig.publisher._one_by_one
+    assert "published" in before
+    assert delivered + undelivered >= len(rig.model) > 3000

@@ -274,3 +274,29 @@ def test_a_paused_driver_is_reported_paused_not_crashed() -> None:
     node.kill()
     assert node.state() == "dead"
     node.close()  # a killed driver is reaped, not asked
+
+
+@pytest.mark.parametrize("one_by_one", [False, True], ids=["send_many", "one-send-each"])
+def test_a_run_of_sends_arrives_in_order_and_stops_at_the_first_error(one_by_one: bool) -> None:
+    """``send_many`` (docs/drivers.md, section 5): the messages arrive once, in order;
+    without ``keep_going`` the first send that fails raises its own error and the later
+    ones are not sent, with it every failure is returned. A driver that lacks the call
+    (here: the proxy told so) gets the same result one ``send`` at a time."""
+    from conformance.contracts.p2p.harness import Cluster, handshake, receive
+    from reference_impl.p2p.interface import ConnectionDeadError
+
+    spec = driver_spec(contracts.get("p2p"), f"{PYTHON_DRIVER} reference_impl:ZmqTransport")
+    with Cluster(spec) as cluster:
+        a, b = cluster.add_node("a"), cluster.add_node("b")
+        out, inbound = handshake(a, b)
+        out.raw._one_by_one = one_by_one
+        requests = out.raw._process.calls
+        assert out.send_many([{"n": n} for n in range(300)]) == []
+        assert out.raw._process.calls - requests == (300 if one_by_one else 1)
+        assert [m["n"] for m in receive(inbound, 300, nodes=[a])] == list(range(300))
+        out.raw.mark_dead()
+        with pytest.raises(ConnectionDeadError):
+            out.send_many([{"n": n} for n in range(3)])
+        errors = out.send_many([{"n": n} for n in range(3)], keep_going=True)
+        assert [type(e) for e in errors] == [ConnectionDeadError] * 3
+        assert out.raw._one_by_one is one_by_one

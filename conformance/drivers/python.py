@@ -36,7 +36,7 @@ from conformance.drivers.protocol import (
     decode_body,
     encode_frame,
 )
-from conformance.drivers.serving import Refused, Service
+from conformance.drivers.serving import Refused, Service, let_waiting_threads_run
 
 __all__ = ["main"]
 
@@ -134,6 +134,7 @@ def _serve(pipe: _Pipe, target_path: str) -> None:
                 raise Refused("invalid", f"a request needs an integer handle and a call name: "
                                           f"{request!r}")
             args = dict(request.get("args") or {})
+            let_waiting_threads_run()  # the decoding held the lock (see its doc)
             started = time.perf_counter_ns()
             try:
                 result = service.call(handle, name, args)

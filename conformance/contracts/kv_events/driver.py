@@ -20,7 +20,14 @@ import msgspec
 from conformance.drivers.process import DriverCrashed, DriverReplyError
 from conformance.drivers.protocol import Hello
 from conformance.drivers.remote import ErrorTable, Remote, build, signature, to_exception
-from conformance.drivers.serving import Refused, Service, accepts, declared, stats_of
+from conformance.drivers.serving import (
+    Refused,
+    Service,
+    accepts,
+    declared,
+    let_waiting_threads_run,
+    stats_of,
+)
 from conformance.supervision import watchdog
 from reference_impl.kv_events.publisher import PublisherClosedError
 from reference_impl.kv_events.schema import KVEventBatch, SchemaError, normalize
@@ -36,6 +43,7 @@ __all__ = [
     "SubscriberService",
     "publish_copies_in_driver",
     "publish_many_in_driver",
+    "publish_then_shutdown_in_driver",
 ]
 
 PUBLISHER: Final = "kv-events-publisher"
@@ -59,6 +67,10 @@ SUBSCRIBER_ERRORS: ErrorTable = {}
 #: limit on a loaded machine, and the driver holds one chunk decoded at a time.
 MANY_BATCHES: Final = 500
 MANY_BYTES: Final = 8 * 1024 * 1024
+#: A ``publish_then_shutdown`` request carries the whole burst, at most this many batches
+#: and bytes of them; the suite makes a longer burst with the plain calls.
+BURST_BATCHES: Final = 5000
+BURST_BYTES: Final = 16 * 1024 * 1024
 _BATCH_ENCODER = msgspec.msgpack.Encoder()
 _BYTES: Final = (bytes, bytearray, memoryview)
 
@@ -228,6 +240,66 @@ class DriverPublisher(Remote):
         outcomes = [None if outcome is None else self._outcome(outcome) for outcome in got]
         return outcomes, self.last_call_seconds or 0.0
 
+    #: The driver answered ``publish_then_shutdown`` with ``unsupported``.
+    _no_burst_shutdown = False
+
+    def zmq_conformance_publish_then_shutdown(
+        self, batches: Sequence[Any], *, limit: float,
+    ) -> tuple[list[Exception | None], Mapping[str, Any] | None, float, float] | None:
+        """``publish()`` of each batch, then ``stats()``, then ``shutdown()``, back to back
+        in the driver process (``publish_then_shutdown``, docs/drivers.md, section 6):
+        the outcomes, the stats taken just before ``shutdown()`` (``None``: none), the
+        implementation's time in the publishes and in ``shutdown()``, as the driver
+        measured them. No round trip between the last ``publish()`` and ``shutdown()``,
+        so what the publisher had not sent yet is still queued when ``shutdown()``
+        starts, as it is in-process (EVT-7's backlog).
+
+        ``None``, with nothing sent, when the driver does not offer the call or the
+        burst does not fit in one request (:data:`BURST_BATCHES`, :data:`BURST_BYTES`):
+        the caller then publishes and shuts down with the plain calls. ``limit`` is
+        what ``shutdown()`` may take; the crossing of the batches is added to it.
+        """
+        if self._no_burst_shutdown:
+            return None
+        outcomes: list[Exception | None] = []
+        encoded: list[tuple[int, msgspec.Raw]] = []
+        size = 0
+        for index, batch in enumerate(batches):
+            try:
+                raw = msgspec.Raw(_BATCH_ENCODER.encode(batch))
+            except (OverflowError, TypeError) as exc:
+                outcomes.append(ValueError(f"publish(): the batch cannot cross the driver "
+                                           f"protocol ({exc})"))
+                continue
+            outcomes.append(None)
+            encoded.append((index, raw))
+            size += len(raw)
+            if len(encoded) > BURST_BATCHES or size > BURST_BYTES:
+                return None
+        try:
+            got = self._closing("publish_then_shutdown",
+                                {"batches": [raw for _, raw in encoded]},
+                                limit=limit + 0.01 * len(encoded))
+        except NotImplementedError:
+            self._no_burst_shutdown = True
+            return None
+        shape = (f"publish_then_shutdown() on {self._name}: the driver answered "
+                 f"{str(got)[:80]!r}, not a map of 'outcomes' (one per batch), 'stats', "
+                 f"'publish_ns' and 'shutdown_ns'")
+        if not isinstance(got, Mapping):
+            raise DriverCrashed(shape)
+        answers, stats = got.get("outcomes"), got.get("stats")
+        publish_ns, shutdown_ns = got.get("publish_ns"), got.get("shutdown_ns")
+        if (not isinstance(answers, list) or len(answers) != len(encoded)
+                or not (stats is None or isinstance(stats, Mapping))
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                           for n in (publish_ns, shutdown_ns))):
+            raise DriverCrashed(shape)
+        for (index, _), outcome in zip(encoded, answers, strict=True):
+            outcomes[index] = None if outcome is None else self._outcome(outcome)
+        assert isinstance(publish_ns, int) and isinstance(shutdown_ns, int)
+        return outcomes, stats, publish_ns / 1e9, shutdown_ns / 1e9
+
     def _outcome(self, error: Any) -> Exception:
         if not isinstance(error, Mapping):
             raise DriverCrashed(f"publish_many() on {self._name}: an outcome is "
@@ -276,6 +348,11 @@ def publish_many_in_driver(publisher: Any, batches: Sequence[Any],
             typed.append(convert(batch))
         except Exception as exc:  # its publish() is refused; the others still run
             typed.append(exc)
+    # The conversion held the interpreter lock for milliseconds (a 600 KB batch takes
+    # ~8 ms to decode and convert): the publisher's thread, woken by the last burst,
+    # waits for it, and would take it from the first timed publish() below (EVT-3 saw
+    # 2-13 ms in the first call of nearly every run of ten, about 1 us in the others).
+    let_waiting_threads_run()
     overhead = time.perf_counter_ns() - started
     outcomes: list[dict[str, Any] | None] = []
     for batch in typed:
@@ -302,8 +379,30 @@ def publish_copies_in_driver(publisher: Any, batch: Any, count: int,
     typed = convert(batch)
     copies = [msgspec.structs.replace(typed, ts=typed.ts + k) for k in range(count)]
     overhead = time.perf_counter_ns() - started
-    outcomes, _ = publish_many_in_driver(publisher, copies, lambda copy: copy, error_map)
-    return outcomes, overhead
+    outcomes, more = publish_many_in_driver(publisher, copies, lambda copy: copy, error_map)
+    return outcomes, overhead + more
+
+
+def publish_then_shutdown_in_driver(publisher: Any, batches: Sequence[Any],
+                                    convert: Callable[[Any], Any],
+                                    error_map: Callable[[BaseException], dict[str, Any]]
+                                    ) -> tuple[dict[str, Any], int]:
+    """The Python driver's ``publish_then_shutdown``: :func:`publish_many_in_driver`, then
+    ``stats()`` (when the publisher has one), then ``shutdown()``, back to back. Returns
+    the result map and the nanoseconds spent converting."""
+    began = time.perf_counter_ns()
+    outcomes, overhead = publish_many_in_driver(publisher, batches, convert, error_map)
+    published = time.perf_counter_ns()
+    stats = getattr(publisher, "stats", None)
+    got = stats() if callable(stats) else None
+    before = ({str(k): v for k, v in dict(got).items()} if isinstance(got, Mapping)
+              else None)
+    started = time.perf_counter_ns()
+    publisher.shutdown()
+    ended = time.perf_counter_ns()
+    return {"outcomes": outcomes, "stats": before,
+            "publish_ns": max(0, published - began - overhead),
+            "shutdown_ns": ended - started}, overhead
 
 
 def _typed(batch: Any) -> Any:
@@ -392,6 +491,12 @@ class PublisherService(_KVService):
                                                          self.error)
         self.overhead_ns += overhead_ns
         return outcomes
+
+    def _publisher_publish_then_shutdown(self, obj: Any, batches: list[Any]) -> Any:
+        result, overhead_ns = publish_then_shutdown_in_driver(obj, batches, _as_batch,
+                                                              self.error)
+        self.overhead_ns += overhead_ns
+        return result
 
     def _publisher_shutdown(self, obj: Any) -> None:
         obj.shutdown()

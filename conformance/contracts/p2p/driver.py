@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
 from conformance.drivers import process as processes
+from conformance.drivers.process import DriverCrashed, DriverReplyError
 from conformance.drivers.protocol import Hello
-from conformance.drivers.remote import ErrorTable, Remote, build, signature
+from conformance.drivers.remote import ErrorTable, Remote, build, signature, to_exception
 from conformance.drivers.serving import Service, accepts, declared
+from conformance.supervision import watchdog
 from reference_impl.p2p.interface import (
     ConnectionDeadError,
     DuplicateConnectionError,
@@ -130,6 +132,57 @@ class DriverConnection(Remote):
 
     def send(self, msg: Any) -> None:
         self._call("send", {"msg": msg})
+
+    #: The driver answered ``send_many`` with ``unsupported``: send one by one.
+    _one_by_one = False
+
+    def zmq_conformance_send_many(self, msgs: list[Any], *, limit: float,
+                                  keep_going: bool = False
+                                  ) -> list[tuple[Exception | None, float]] | None:
+        """``send()`` of each message in turn, back to back in the driver process
+        (``send_many``, docs/drivers.md, section 5), stopping after the first that
+        raised unless ``keep_going``: per send attempted, what it raised (``None``: it
+        returned) and the implementation's time in it as the driver measured it.
+        ``limit`` is what one send may take; the request may take that plus the
+        crossing of the messages.
+
+        ``None``, with nothing sent, when the driver does not offer the call: the
+        caller then sends one at a time.
+        """
+        if not msgs or self._one_by_one:
+            return None
+        try:
+            got = self._call("send_many", {"msgs": msgs, "keep_going": keep_going},
+                             limit=limit + watchdog.default_limit() + 0.01 * len(msgs))
+        except NotImplementedError:
+            self._one_by_one = True
+            return None
+        shape = (f"send_many() on {self._name}: the driver answered {str(got)[:80]!r}, not "
+                 f"a map of 'outcomes' and 'elapsed_ns', one per send attempted, at most "
+                 f"{len(msgs)}" + ("" if keep_going else ", only the last an error"))
+        if not isinstance(got, Mapping):
+            raise DriverCrashed(shape)
+        outcomes, elapsed = got.get("outcomes"), got.get("elapsed_ns")
+        if (not isinstance(outcomes, list) or not isinstance(elapsed, list)
+                or len(outcomes) != len(elapsed) or not 0 < len(outcomes) <= len(msgs)
+                or not all(o is None or isinstance(o, Mapping) for o in outcomes)
+                or (keep_going and len(outcomes) != len(msgs))
+                or (not keep_going and (any(o is not None for o in outcomes[:-1])
+                                        or (outcomes[-1] is None
+                                            and len(outcomes) != len(msgs))))
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                           for n in elapsed)):
+            raise DriverCrashed(shape)
+        result: list[tuple[Exception | None, float]] = []
+        for outcome, nanoseconds in zip(outcomes, elapsed, strict=True):
+            error = None
+            if outcome is not None:
+                kind = str(outcome.get("kind", "error"))
+                error = to_exception(
+                    DriverReplyError(kind, str(outcome.get("message", "")), outcome),
+                    self.errors)
+            result.append((error, nanoseconds / 1e9))
+        return result
 
     def recv(self) -> Any:
         pending, self._pending = self._pending, []
@@ -364,6 +417,26 @@ class TransportService(Service):
 
     def _connection_send(self, obj: Any, msg: Any) -> None:
         obj.send(msg)
+
+    def _connection_send_many(self, obj: Any, msgs: list[Any], keep_going: bool = False
+                              ) -> Any:
+        """``send()`` of each message, back to back, stopping after the first that
+        raised unless ``keep_going``; each send's own time."""
+        outcomes: list[dict[str, Any] | None] = []
+        elapsed: list[int] = []
+        for msg in msgs:
+            started = time.perf_counter_ns()
+            try:
+                obj.send(msg)
+            except Exception as exc:
+                elapsed.append(time.perf_counter_ns() - started)
+                outcomes.append(self.error(exc))
+                if keep_going:
+                    continue
+                break
+            elapsed.append(time.perf_counter_ns() - started)
+            outcomes.append(None)
+        return {"outcomes": outcomes, "elapsed_ns": elapsed}
 
     def _connection_recv(self, obj: Any) -> Any:
         return list(obj.recv())

@@ -50,7 +50,7 @@ from hypothesis.control import currently_in_test_context
 
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked
-from conformance.supervision import cleanup, watchdog
+from conformance.supervision import cleanup, host_stall, watchdog
 from conformance.testing.credentials import SuiteCredentials
 from conformance.testing.net import HOST, free_port, is_address_in_use
 
@@ -331,6 +331,51 @@ class Connection:
         """``raw.send(msg)``; ``limit`` overrides the watchdog limit for this call."""
         with watchdog.guard(f"{self._where()}.send()", limit):
             self.raw.send(msg)
+
+    def send_many(self, msgs: Sequence[dict[str, Any]], *, limit: float | None = None,
+                  keep_going: bool = False) -> list[Exception]:
+        """``send()`` of each message in turn, each under the watchdog (``limit`` per
+        send), as a caller's loop makes them; what the sends raised.
+
+        The first exception is raised, and later messages are not sent, unless
+        ``keep_going``: then every message is sent and the exceptions are returned
+        (a blocked send still ends the test). Through a driver that offers
+        ``send_many`` (``docs/drivers.md``, section 5) the loop runs in the driver
+        process: a round trip per message is most of a driver's cost under load.
+        Each send is still judged on its own time there, as the driver measured it,
+        against ``limit`` plus any host stall measured meanwhile.
+        """
+        errors: list[Exception] = []
+        pending = list(msgs)
+        many = getattr(self.raw, "zmq_conformance_send_many", None)
+        while pending and callable(many):
+            allowed = watchdog.default_limit() if limit is None else limit
+            since = time.monotonic()
+            with watchdog.guard(f"{self._where()}.send() of {len(pending)} messages, back "
+                                f"to back", allowed + watchdog.default_limit()
+                                + 0.01 * len(pending)):
+                got = many(pending, limit=allowed, keep_going=keep_going)
+            if got is None:
+                break
+            for number, (error, seconds) in enumerate(got):
+                if seconds > allowed + host_stall.stall_ms(since) / 1000:
+                    raise CallBlocked(f"{self._where()}.send() (message {number + 1} of "
+                                      f"{len(pending)} sent back to back)", seconds)
+                if error is not None:
+                    if not keep_going:
+                        raise error
+                    errors.append(error)
+            del pending[:len(got)]
+        for msg in pending:
+            try:
+                self.send(msg, limit=limit)
+            except CallBlocked:
+                raise
+            except Exception as exc:
+                if not keep_going:
+                    raise
+                errors.append(exc)
+        return errors
 
     def recv(self) -> list[dict[str, Any]]:
         """``raw.recv()`` as a list, checked to hold only dicts."""
