@@ -411,6 +411,18 @@ def _raw_throughput_tuned() -> _Timed:
     return _raw_throughput(tuned=True)
 
 
+def throughput(side: str, per_cpu_second: bool = False) -> float:
+    """One 1,000-request round of ``side`` (``reference``, ``raw`` or ``tuned``), warmed
+    up: tokens per second of wall time, or per second of CPU time of both processes
+    (for ``python -m benchmarks ratios``, which interleaves the trials)."""
+    runs = {"reference": _reference_throughput, "raw": _raw_throughput,
+            "tuned": _raw_throughput_tuned}
+    if side not in runs:
+        raise ValueError(f"side must be one of {', '.join(runs)}; got {side!r}")
+    timed = runs[side]()
+    return timed.value * timed.wall_s / timed.cpu_s if per_cpu_second else timed.value
+
+
 # -- the run ---------------------------------------------------------------------
 
 _FIGURES: Final[dict[str, tuple[Callable[[], _Timed], Callable[[], _Timed]]]] = {

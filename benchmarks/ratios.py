@@ -3,25 +3,29 @@
 ``python -m benchmarks ratios [--trials N] [--seconds S]``: p2p burst-and-poll
 at 64 B, control round trips (and raw DEALER/ROUTER with the reference's
 framing, to separate what the framing costs from what the reference adds),
-and the KV subscriber at 64 B and 4 KiB. Each trial runs both, the
+the KV subscriber at 64 B and 4 KiB, and the engine pipeline's 1,000-request
+throughput (issue 19) against the plain and the tuned raw PUSH/PULL + msgspec
+loops (:mod:`benchmarks.engine_pipeline`; ``--only engine``). Each trial runs both, the
 reference first in odd trials and raw first in even ones, so both see the
 same load and neither always runs first; the table gives the median of
 each and the ratio of the medians, with every trial's own ratio for the
-spread. The p2p and control figures come twice: per second of wall time
+spread; the load average before and after closes the table. The p2p, control
+and engine figures come twice: per second of wall time
 (the issue's figure) and per second of the process's CPU time (every
 thread of both sides), the one a loaded machine moves least. It reuses
 the sections' functions (:mod:`benchmarks.transport`, :mod:`.control`,
-:mod:`.kv_events`), so the figures are the sections' figures, minutes
+:mod:`.kv_events`, :mod:`.engine_pipeline`), so the figures are the sections' figures, minutes
 sooner than ``python -m benchmarks``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable
 
-from benchmarks import control, kv_events, transport
+from benchmarks import control, engine_pipeline, kv_events, transport
 
 Trial = Callable[[], float]
 
@@ -48,6 +52,22 @@ def _figures(seconds: float) -> dict[str, tuple[Trial, Trial]]:
             lambda: control._reference_round_trips(seconds),
             lambda: control._raw_router_round_trips(seconds),
         ),
+        "engine pipeline 1000 x 16 tokens vs raw PUSH/PULL (tokens/s)": (
+            lambda: engine_pipeline.throughput("reference"),
+            lambda: engine_pipeline.throughput("raw"),
+        ),
+        "engine pipeline tokens per CPU-s vs raw PUSH/PULL": (
+            lambda: engine_pipeline.throughput("reference", per_cpu_second=True),
+            lambda: engine_pipeline.throughput("raw", per_cpu_second=True),
+        ),
+        "engine pipeline 1000 x 16 tokens vs tuned raw (tokens/s)": (
+            lambda: engine_pipeline.throughput("reference"),
+            lambda: engine_pipeline.throughput("tuned"),
+        ),
+        "engine pipeline tokens per CPU-s vs tuned raw": (
+            lambda: engine_pipeline.throughput("reference", per_cpu_second=True),
+            lambda: engine_pipeline.throughput("tuned", per_cpu_second=True),
+        ),
         "KV subscriber 64 B (batches/s)": (
             lambda: kv_events.subscriber_throughput("reference", 64),
             lambda: kv_events.subscriber_throughput("baseline", 64),
@@ -70,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.trials < 1 or not args.seconds > 0:
         parser.error("--trials must be at least 1 and --seconds positive")
+    load_before = os.getloadavg()
     print("| figure | reference | raw | ratio of medians | per-trial ratios |")
     print("| --- | ---: | ---: | ---: | --- |")
     for name, (reference, raw) in _figures(args.seconds).items():
@@ -88,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         mine, base = statistics.median(ours), statistics.median(theirs)
         print(f"| {name} | {mine:,.0f} | {base:,.0f} | {mine / base:.2f} | {per_trial} |",
               flush=True)
+    load_after = os.getloadavg()
+    print(f"\nload average (1, 5, 15 min): before {_load(load_before)}, after {_load(load_after)}")
     return 0
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.1f}" for x in load)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,13 @@ test; proxies themselves stay (module-scoped topologies may own them).
 
 Load with ``from chaos.fixtures import toxiproxy, toxiproxy_reset`` in a
 ``conftest.py`` (or list ``chaos.fixtures`` in a root ``pytest_plugins``).
-When no server can be started, tests using the fixture are skipped with
-the reason, unless ``TOXIPROXY_URL`` or ``TOXIPROXY_SERVER`` is set, in
-which case they fail: asking for a server that is not there is an error.
+When no server can be started, tests using the fixture fail if
+``TOXIPROXY_URL`` or ``TOXIPROXY_SERVER`` is set (asking for a server that
+is not there is a configuration error), and otherwise end in a run error
+(:class:`conformance.errors.RunError`, exit status 3): the embedded server
+ships with the suite, so when it does not start (on an overloaded host its
+interpreter can miss the start-up limit) the chaos clauses were not run,
+and a gate must never pass them by skipping.
 
 A fault proxy that stops mid-run is a run error, never a verdict: every API
 call to it raises :class:`chaos.proxy.FaultProxyStopped` (a pytest skip that
@@ -31,22 +35,28 @@ import pytest
 
 from chaos.launcher import ToxiproxyUnavailable, requested
 from chaos.proxy import Toxiproxy
-from conformance.errors import RUN_ERROR_PREFIX
+from conformance.errors import RUN_ERROR_PREFIX, RunError
 
 
 @pytest.fixture(scope="session")
 def toxiproxy() -> Iterator[Toxiproxy]:
     """The worker's toxiproxy handle (see the module docstring)."""
-    try:
-        handle = Toxiproxy.start()
-    except ToxiproxyUnavailable as exc:
-        if requested():
-            pytest.fail(str(exc), pytrace=False)
-        pytest.skip(f"no toxiproxy server: {exc}")
+    handle = start_or_stop_the_test()
     try:
         yield handle
     finally:
         handle.stop()
+
+
+def start_or_stop_the_test() -> Toxiproxy:
+    """Start the worker's server, or end the test: a failure when a server was asked
+    for by the environment, a run error otherwise (see the module docstring)."""
+    try:
+        return Toxiproxy.start()
+    except ToxiproxyUnavailable as exc:
+        if requested():
+            pytest.fail(str(exc), pytrace=False)
+        raise RunError(f"the fault proxy could not start, so no chaos test ran: {exc}") from exc
 
 
 @pytest.fixture(autouse=True)

@@ -75,7 +75,6 @@ import struct
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -83,6 +82,7 @@ from typing import Any, Final
 
 import msgspec
 import zmq
+from msgspec.structs import force_setattr
 
 from reference_impl import _curve
 from reference_impl.engine_pipeline import profiles, wire
@@ -100,8 +100,10 @@ from reference_impl.engine_pipeline.procwatch import ProcessWatch
 from reference_impl.engine_pipeline.wire import (
     ENGINE_CORE_DEAD,
     AddRequest,
+    EngineOutputs,
     FinishReason,
     RequestType,
+    UtilityOutput,
 )
 
 __all__ = ["CLOSE_BOUND_S", "IPC_PATH_MAX", "RESTART_POLICIES", "EngineClient", "RequestOutput"]
@@ -131,8 +133,21 @@ _OUTPUT_FRAME_SLACK: Final = 64 << 10
 _ZAP_POLL_MS: Final = 50
 
 
-class RequestOutput(msgspec.Struct, frozen=True, gc=False):
+class RequestOutput(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """One output of one request, as :meth:`EngineClient.outputs` returns it.
+
+    ``finish_reason`` is a :class:`~reference_impl.engine_pipeline.wire.FinishReason`
+    (or ``None`` while the request runs); a value the profile does not know arrives as
+    ``ERROR``. ``engine_index`` names the engine whose message carried it.
+
+    The client decodes each output of an engine's message straight into this struct
+    (its first five fields are the wire's ``EngineOutput``, in the wire's order, with the
+    same types and defaults, so the same frames decode and the same are refused), then
+    sets ``engine_index`` from the message and maps the finish reason: one object per
+    token instead of a decoded ``EngineOutput`` plus a copy of it (docs/engine_pipeline.md,
+    Performance, has what it saves). A sixth element, which an ``EngineOutput`` would
+    ignore, must be an integer here and is overwritten (unless it already names the
+    message's engine).
 
     Not tracked by the cyclic garbage collector (one per token; no cycle runs
     through it, as for the wire structs: see :mod:`.wire`).
@@ -140,14 +155,23 @@ class RequestOutput(msgspec.Struct, frozen=True, gc=False):
 
     request_id: str
     token_ids: list[int]
-    finish_reason: FinishReason | None
-    engine_index: int
+    finish_reason: int | None = None
     payload: Any = None
     detail: Any = None
+    engine_index: int = 0
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+class _DeliveredOutputs(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """An output message as the client decodes it: :class:`~.wire.EngineOutputs` with its
+    outputs as :class:`RequestOutput` (the same fields, types and defaults)."""
+
+    engine_index: int
+    outputs: list[RequestOutput] = []
+    utility_output: UtilityOutput | None = None
 
 
 class EngineClient:
@@ -187,9 +211,13 @@ class EngineClient:
         self._ipc_dir: str | None = None
         self._ipc_files: list[str] = []
         self._send_lock = threading.Lock()
-        self._state = threading.Condition()
+        #: Guards the client's state; ``_state`` waits and notifies on it. The hot paths
+        #: take the lock itself (a C call) instead of the Condition's Python-level
+        #: ``__enter__``/``__exit__``.
+        self._lock = threading.RLock()
+        self._state = threading.Condition(self._lock)
         self._encoder = self._codec.Encoder()
-        self._outputs: deque[RequestOutput] = deque()
+        self._outputs: list[RequestOutput] = []
         #: Output messages delivered so far (the I/O thread wakes readers once per batch).
         self._delivered = 0
         self._requests: dict[str, int] = {}
@@ -533,7 +561,9 @@ class EngineClient:
         target = next(self._round_robin) if engine is None else engine
         if target not in self.engine_indices:
             raise ValueError(f"engine {target} is not one of {self.engine_indices}")
-        request = AddRequest(request_id, list(prompt), max_tokens, self.client_index,
+        # The request is encoded below and dropped: a caller's list needs no copy.
+        tokens = prompt if type(prompt) is list else list(prompt)
+        request = AddRequest(request_id, tokens, max_tokens, self.client_index,
                              None if payload is None else self._codec.prepare(payload))
         with self._send_lock:
             frames = self._encoder.encode(request)
@@ -542,7 +572,7 @@ class EngineClient:
             if size > self.max_message_bytes:
                 raise MessageTooLarge(f"request {request_id!r} encodes to {size} bytes; "
                                       f"max_message_bytes is {self.max_message_bytes}")
-            with self._state:
+            with self._lock:
                 self._check_usable()
                 if request_id in self._requests:
                     raise DuplicateRequest(f"request {request_id!r} is still in flight")
@@ -550,7 +580,7 @@ class EngineClient:
             try:
                 self._send(target, _ADD, frames)
             except BaseException:
-                with self._state:
+                with self._lock:
                     self._requests.pop(request_id, None)
                 raise
 
@@ -636,8 +666,8 @@ class EngineClient:
                 if left <= 0:
                     return []
                 self._state.wait(left)
-            taken = list(self._outputs)
-            self._outputs.clear()
+            taken = self._outputs
+            self._outputs = []  # a fresh list: no copy of what is taken
             return taken
 
     @property
@@ -645,7 +675,10 @@ class EngineClient:
         return self._dead is None and not self._closed
 
     def _io_loop(self) -> None:
-        decoders = self._codec.Decoders()
+        # The vllm-v1 codec decodes outputs straight into RequestOutput (_DeliveredOutputs);
+        # another profile's decodes to the suite's EngineOutputs, copied in _on_output.
+        decoders = (wire.Decoders(outputs_type=_DeliveredOutputs) if self._codec is wire
+                    else self._codec.Decoders())
         poller = zmq.Poller()
         poller.register(self._output, zmq.POLLIN)
         poller.register(self._handshake, zmq.POLLIN)
@@ -694,12 +727,12 @@ class EngineClient:
             self._die("an engine reported a fatal error (ENGINE_CORE_DEAD)")
             return
         try:
-            message = self._codec.decode_outputs(frames, decoders)
+            message: Any = self._codec.decode_outputs(frames, decoders)
         except wire.WireError as exc:
             self.dropped_frames += 1
             log.warning("client %d: dropped an output message: %s", self.client_index, exc)
             return
-        with self._state:
+        with self._lock:
             if self._dead is not None or self._closed:
                 return
             utility = message.utility_output
@@ -710,24 +743,54 @@ class EngineClient:
                         future.set_exception(UtilityFailed(utility.failure_message))
                     else:
                         future.set_result(utility.result)
-            requests = self._requests
-            append = self._outputs.append
-            engine = message.engine_index
-            delivered = False
-            for out in message.outputs:
-                rid = out.request_id
-                if requests.get(rid) != engine:
-                    self.dropped_frames += 1  # unknown, finished, or another engine's
-                    continue
-                reason = out.finish_reason
-                if reason is not None:
-                    reason = _finish(reason)
-                    del requests[rid]
-                append(RequestOutput(rid, out.new_token_ids, reason, engine, out.payload,
-                                     out.detail))
-                delivered = True
-            if delivered:
+            pending = self._outputs
+            before = len(pending)
+            if type(message) is _DeliveredOutputs:
+                self._deliver_decoded(message, pending)
+            else:  # another profile's codec decodes to the suite's EngineOutputs
+                self._deliver_copies(message, pending)
+            if len(pending) != before:
                 self._delivered += 1
+
+    def _deliver_decoded(self, message: _DeliveredOutputs,
+                         pending: list[RequestOutput]) -> None:
+        """``_on_output``'s routing and delivery (state lock held) of outputs decoded
+        straight into :class:`RequestOutput` (the vllm-v1 codec): each output of a request
+        in flight on this engine is delivered as it is, its engine index and finish
+        reason set; any other is dropped and counted."""
+        requests = self._requests
+        append = pending.append
+        reasons = _FINISH_REASONS
+        engine = message.engine_index
+        for out in message.outputs:
+            rid = out.request_id
+            if requests.get(rid) != engine:
+                self.dropped_frames += 1  # unknown, finished, or another engine's
+                continue
+            if out.engine_index != engine:  # the default (0), or a sixth element
+                force_setattr(out, "engine_index", engine)
+            reason = out.finish_reason
+            if reason is not None:
+                force_setattr(out, "finish_reason", reasons.get(reason, _ERROR))
+                del requests[rid]
+            append(out)
+
+    def _deliver_copies(self, message: EngineOutputs, pending: list[RequestOutput]) -> None:
+        """``_on_output``'s routing and delivery for a profile that decodes to the suite's
+        :class:`~.wire.EngineOutputs` (state lock held): a :class:`RequestOutput` per output."""
+        requests = self._requests
+        engine = message.engine_index
+        for out in message.outputs:
+            rid = out.request_id
+            if requests.get(rid) != engine:
+                self.dropped_frames += 1  # unknown, finished, or another engine's
+                continue
+            reason = out.finish_reason
+            if reason is not None:
+                reason = _FINISH_REASONS.get(reason, _ERROR)
+                del requests[rid]
+            pending.append(RequestOutput(rid, out.new_token_ids, reason, out.payload,
+                                         out.detail, engine))
 
     def _start_monitor(self) -> zmq.Socket[bytes]:
         """Watch the output PULL from its bind on, so every engine's connection is seen."""
@@ -871,15 +934,9 @@ class _Adoption:
             self.watch.close()
 
 
-_FINISH_REASONS: Final = {int(reason): reason for reason in FinishReason}
-
-
+#: The wire's finish reason values, as the enum (anything else: ERROR).
+_FINISH_REASONS: Final[dict[int, FinishReason]] = {int(reason): reason for reason in FinishReason}
 _ERROR: Final = FinishReason.ERROR
-
-
-def _finish(value: int) -> FinishReason:
-    """The finish reason ``value`` names; ERROR for a value the profile does not know."""
-    return _FINISH_REASONS.get(value, _ERROR)
 
 
 def _claim_ipc_path(path: str) -> None:

@@ -426,14 +426,19 @@ class _Decoding:
 
 
 class Decoders:
-    """Every decoder of the profile; each thread that decodes owns one instance."""
+    """Every decoder of the profile; each thread that decodes owns one instance.
 
-    def __init__(self) -> None:
+    ``outputs_type`` (default :class:`EngineOutputs`) is what output messages decode
+    into: a struct with the same fields, types and defaults, in the same order (the
+    reference client decodes straight into its delivered type).
+    """
+
+    def __init__(self, outputs_type: Any = EngineOutputs) -> None:
         self.add = _Decoding(AddRequest)
         self.abort = _Decoding(list[str])
         self.utility = _Decoding(tuple[int, int, str, list[Any]])
         self.wave = _Decoding(tuple[int, int | None])
-        self.outputs = _Decoding(EngineOutputs)
+        self.outputs = _Decoding(outputs_type)
         self.any = _Decoding(Any)
         #: Each request type byte's kind and decoder (one dict lookup per request).
         self.requests: dict[bytes, tuple[RequestType, _Decoding, str]] = {

@@ -38,8 +38,10 @@ import pytest
 import requests
 
 import chaos
+from chaos import launcher
 from chaos.launcher import ENV_SERVER, ENV_URL, ToxiproxyUnavailable, launch
 from chaos.proxy import Proxy, Toxiproxy, ToxiproxyError
+from conformance.supervision.runqueue import HostDelay
 
 pytestmark = pytest.mark.chaos
 
@@ -833,3 +835,32 @@ def test_server_launched_by_a_killed_process_does_not_outlive_it() -> None:
         if child_pid and not _gone(child_pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child_pid, signal.SIGKILL)
+
+
+def test_launcher_start_limit_runs_out_at_once_for_a_server_that_sleeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up limit does not count the host's run-queue delay, but a server
+    that sleeps instead of answering is not waiting for a CPU: it runs out in
+    about the limit's wall time, never the patience cap."""
+    fake = tmp_path / "toxiproxy-server"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.delenv(ENV_URL, raising=False)
+    monkeypatch.setenv(ENV_SERVER, str(fake))
+    monkeypatch.setattr(launcher, "_START_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(ToxiproxyUnavailable, match="of its own time"):
+        launch()
+    # Three attempts (a port can be taken between probe and bind), each 0.5 s of
+    # own time: far below the 120 s patience cap even on a loaded host.
+    assert time.monotonic() - started < 30.0
+
+
+def test_host_delay_of_a_process_is_never_negative_and_stays_once_it_is_gone() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "sum(range(10**6))"])
+    delay = HostDelay(child.pid)
+    child.wait(30)
+    first = delay.seconds()
+    assert first >= 0.0
+    assert delay.seconds() == first

@@ -146,8 +146,9 @@ def _output(entry: Any) -> Any:
     except ValueError:
         return entry
     return RequestOutput(entry["request_id"], list(entry.get("token_ids") or []), finish,
-                         int(entry.get("engine_index") or 0),
-                         from_protocol(entry.get("payload")), from_protocol(entry.get("detail")))
+                         payload=from_protocol(entry.get("payload")),
+                         detail=from_protocol(entry.get("detail")),
+                         engine_index=int(entry.get("engine_index") or 0))
 
 
 # -- the suite's side: the implementation object ---------------------------------------
