@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
+import mmap
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import zmq
@@ -43,6 +48,8 @@ __all__ = [
 ]
 
 _monitor_serial = itertools.count()
+#: The flooding process's count of messages sent, in a page shared with the test.
+_COUNT: Final = struct.Struct("q")
 
 #: Marker the probe message carries, to find the payload among the frames.
 _PROBE_KEY = "zmq-conformance-probe"
@@ -201,13 +208,63 @@ class HostilePeer(contextlib.AbstractContextManager["HostilePeer"]):
         self.close()
 
 
-class Flooder:
-    """A background thread whose own DEALER floods ``target`` until stopped.
+#: The flooding process: a DEALER that sends the frames (msgpack on stdin) until
+#: ``max_messages`` went out, then holds the socket until stdin closes (or its parent is
+#: gone). Its count is kept in a shared page, so the test can read it at any moment.
+_FLOODER_CODE: Final = """
+import mmap, os, struct, sys, time
+import msgspec, zmq
+parent = os.getppid()
+os.nice(int(sys.argv[3]))
+count = struct.Struct("q")
+shared = mmap.mmap(int(sys.argv[1]), count.size)
+job = msgspec.msgpack.decode(sys.stdin.buffer.read(int(sys.argv[2])))
+ctx = zmq.Context(io_threads=1)
+sock = ctx.socket(zmq.DEALER)
+sock.setsockopt(zmq.LINGER, 0)
+sock.setsockopt(zmq.SNDHWM, job["sndhwm"])
+if job["identity"] is not None:
+    sock.setsockopt(zmq.IDENTITY, job["identity"])
+sock.connect("tcp://" + job["target"])
+frames, sent, limit = job["frames"] or [b""], 0, job["max_messages"]
+while sent < limit and os.getppid() == parent:
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK)
+    except zmq.Again:
+        time.sleep(0.0005)
+        continue
+    sent += 1
+    if sent % 64 == 0 or sent == limit:
+        count.pack_into(shared, 0, sent)
+sys.stdin.buffer.read()  # keep the socket (and what it still queues) until stopped
+sock.close(0)
+ctx.term()
+"""
 
-    The socket is created, used and closed in the thread (pyzmq sockets are
-    not thread-safe). ``sent`` counts messages that went out; ``sndhwm=0``
-    queues without limit, so the flood outpaces any reader. Use as a
-    context manager: the flood starts on entry and stops on exit.
+#: The flooding process's niceness: the suite's own load yields the host's CPUs to the
+#: nodes under test (an idle host floods at full speed all the same). A node whose
+#: heartbeat thread waits for a CPU behind the suite's flood would be judged for the
+#: suite's host.
+_FLOODER_NICE: Final = 10
+#: How long the test waits for a new flooding process's first messages.
+_FLOODER_START_S: Final = 30.0
+#: How long a stopped flooding process may take to exit before it is killed.
+_FLOODER_EXIT_S: Final = 5.0
+
+
+class Flooder:
+    """A child *process* whose own DEALER floods ``target`` until stopped.
+
+    A process, not a thread of the test: a hostile peer is another program, and a
+    flooding thread here would hold the GIL that an in-process implementation's
+    ``poll()`` needs, so on a loaded host the flood stalled ``poll()`` for seconds
+    (measured: 5.3 s of wall time for 0.08 s of its own CPU) through a lock no remote
+    peer can take, and the watchdog called a correct implementation blocked.
+
+    ``sent`` counts messages that went out (read live, every 64 messages);
+    ``sndhwm=0`` queues without limit, so the flood outpaces any reader. Use as a
+    context manager: the flood starts on entry and stops on exit, and the process
+    never outlives the flood (nor its parent).
     """
 
     def __init__(
@@ -224,28 +281,39 @@ class Flooder:
         self.identity = identity
         self.max_messages = max_messages
         self.sndhwm = sndhwm
-        self.sent = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="zmq-conformance-flooder",
-                                        daemon=True)
+        self._count: mmap.mmap | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
-    def _run(self) -> None:
-        try:
-            with HostilePeer(self.target, identity=self.identity, sndhwm=self.sndhwm) as peer:
-                while not self._stop.is_set():
-                    if self.sent >= self.max_messages:
-                        # Keep the socket (and what it still queues) until stopped.
-                        self._stop.wait(0.01)
-                    elif peer.send(self.frames):
-                        self.sent += 1
-                    else:
-                        time.sleep(0.0005)
-        except BaseException as exc:  # reported to the test thread
-            self.error = exc
+    @property
+    def sent(self) -> int:
+        """Messages the flooding process has sent so far."""
+        if self._count is None:
+            return 0
+        (sent,) = _COUNT.unpack_from(self._count, 0)
+        return int(sent)
 
     def __enter__(self) -> Flooder:
-        self._thread.start()
+        job = msgspec.msgpack.encode({"target": self.target, "frames": self.frames,
+                                      "identity": self.identity,
+                                      "max_messages": self.max_messages,
+                                      "sndhwm": self.sndhwm})
+        with tempfile.TemporaryFile() as backing:
+            backing.write(bytes(_COUNT.size))
+            backing.flush()
+            self._count = mmap.mmap(backing.fileno(), _COUNT.size)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _FLOODER_CODE, str(backing.fileno()), str(len(job)),
+                 str(_FLOODER_NICE)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(backing.fileno(),))
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(job)
+        self._proc.stdin.flush()
+        # The flood is on once its first messages went out (a process takes a moment to
+        # start, longer on a loaded host); the test's honest traffic follows it.
+        deadline = time.monotonic() + _FLOODER_START_S
+        while not self.sent and self._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         return self
 
     def __exit__(
@@ -254,10 +322,29 @@ class Flooder:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-        if self.error is not None and exc is None:
-            raise AssertionError(f"the flooding thread failed: {self.error!r}") from self.error
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        assert proc.stdin is not None and proc.stderr is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=_FLOODER_EXIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        error = proc.stderr.read().decode(errors="replace").strip()
+        proc.stderr.close()
+        if self._count is not None:
+            # Keep the final count readable after the flood (the page is private now).
+            final = bytes(self._count[:_COUNT.size])
+            self._count.close()
+            self._count = mmap.mmap(-1, _COUNT.size)
+            self._count[:_COUNT.size] = final
+        if proc.returncode not in (0, -signal.SIGKILL) and exc is None:
+            tail = error.splitlines()[-1] if error else f"exit status {proc.returncode}"
+            raise AssertionError(f"the flooding process failed: {tail}")
 
 
 class RawRouter(contextlib.AbstractContextManager["RawRouter"]):

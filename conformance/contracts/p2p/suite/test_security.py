@@ -9,6 +9,9 @@ never surface as a message, and never crash, stall or starve the node.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -20,7 +23,7 @@ from conformance.config import profiles
 from conformance.config.profiles import scaled
 from conformance.contracts.p2p.harness import Cluster, Connection, Node, handshake, receive
 from conformance.contracts.p2p.hostile import Flooder, HostilePeer, learn_wire_format
-from conformance.contracts.p2p.spec import TransportSpec
+from conformance.contracts.p2p.spec import HEARTBEAT_STALL_MS, HEARTBEAT_STALL_WHY, TransportSpec
 from conformance.contracts.p2p.strategies import (
     hostile_frames,
     hostile_identities,
@@ -28,6 +31,8 @@ from conformance.contracts.p2p.strategies import (
     is_plausible_peer_id,
     nesting_bomb,
 )
+from conformance.errors import CallBlocked
+from conformance.supervision import host_stall
 from conformance.testing.hostile_wire import send_raw_tcp
 from conformance.testing.net import unreachable_address
 
@@ -181,23 +186,56 @@ def test_wrong_frame_counts(zmq_transport_spec: TransportSpec, frames: list[Any]
             _honest_exchange(cluster, out, inbound, "frames")
 
 
+@contextmanager
+def _honest_connection_lives(out: Connection, floods: Sequence[Flooder]) -> Iterator[None]:
+    """A failure inside (``send()`` raising, a message not arriving) while the honest
+    connection is dead is SEC-1's failure ("starve"), stated as such (an
+    :class:`AssertionError` saying when it died), so the host-stall rule judges it like a
+    lost message: the contract lets ``send()`` raise any error on a dead connection
+    (CONN-6), and every implementation's error reads the same here."""
+    started = time.monotonic()
+    try:
+        yield
+    except CallBlocked:
+        raise
+    except Exception as exc:
+        if out.alive:
+            raise
+        when = (f"{time.monotonic() - started:.1f} s into the flood (the flooders had sent "
+                f"{', '.join(str(flood.sent) for flood in floods)} messages)" if floods
+                else "after the flood")
+        raise AssertionError(
+            f"SEC-1: {out.node.name}'s honest connection to {out.peer_id} was dead {when}; "
+            f"then: {type(exc).__name__}: {exc}") from exc
+
+
 @pytest.mark.clause("SEC-1")
 @pytest.mark.long(4)
 def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: TransportSpec) -> None:
-    """A flooding thread sends garbage and valid-looking messages while an honest peer talks.
+    """Two flooding peers (processes) send garbage and valid-looking messages while an
+    honest peer talks.
 
     Every ``poll()`` runs under the watchdog (no stall) and the honest peer's
     messages all arrive, in order, within the usual deadline (no starvation).
+
+    The honest connection is heartbeated, so CONN-2's host-stall rule applies: two
+    flooding threads, the flooded node's libzmq I/O thread and its ``poll()`` share the
+    host's cores, and once the host stalls processes for ``HEARTBEAT_STALL_MS`` in one
+    piece a correct transport may declare the starved honest connection dead. Only then
+    is the run void (docs/load-verdicts.md); an honest connection that dies, or a message
+    that does not arrive, on a host that ran promptly is still SEC-1's failure.
     """
-    with Cluster(zmq_transport_spec) as cluster:
+    with host_stall.excused("SEC-1", slack_ms=HEARTBEAT_STALL_MS, why=HEARTBEAT_STALL_WHY), \
+            Cluster(zmq_transport_spec) as cluster:
         wire = learn_wire_format(cluster)
         a, b = cluster.add_node("a"), cluster.add_node("b")
         out, inbound = handshake(a, b)
         honest = scaled(50)
         with unreachable_address() as fake_id, \
-                Flooder(b.local_id, [os.urandom(32)], max_messages=scaled(50_000)), \
+                Flooder(b.local_id, [os.urandom(32)], max_messages=scaled(50_000)) as garbage, \
                 Flooder(b.local_id, wire.frames_for(_encode({"flood": "x" * 100})),
-                        identity=fake_id.encode(), max_messages=scaled(50_000)):
+                        identity=fake_id.encode(), max_messages=scaled(50_000)) as plausible, \
+                _honest_connection_lives(out, [garbage, plausible]):
             got: list[dict[str, Any]] = []
             for n in range(honest):
                 out.send({"honest": n})
@@ -207,7 +245,8 @@ def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: Transpor
             assert got == [{"honest": n} for n in range(honest)], (
                 "SEC-1: the honest peer's messages were lost or reordered during a flood"
             )
-        _honest_exchange(cluster, out, inbound, "after-flood")
+        with _honest_connection_lives(out, []):
+            _honest_exchange(cluster, out, inbound, "after-flood")
 
 
 #: Messages a peer floods into a node that is not polling: more than any common receive
