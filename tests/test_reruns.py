@@ -39,6 +39,8 @@ class Racy(DropsSendsAtRandom):
 '''
 
 RERUN_SUITE = '''
+import time
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -84,6 +86,17 @@ def test_void_twice_then_judged(zmq_transport_spec):
     if _attempt("void_twice") < 2:
         raise HostStalled("MSG-3: a stall the test pretends to have measured")
     assert _attempt("judged") < 0, "MSG-3: the verdict of the first run that counted"
+
+
+@pytest.mark.clause("CONN-7")
+def test_void_after_a_block_then_slow(zmq_transport_spec):
+    from conformance.supervision import watchdog
+
+    if _attempt("void_after_block") < 1:
+        watchdog.note_block()
+        raise HostStalled("CONN-7: a stall the test pretends to have measured")
+    with watchdog.guard("a start-up of 0.5 s", 5.0):
+        time.sleep(0.5)
 
 
 @pytest.mark.clause("MSG-5")
@@ -227,6 +240,17 @@ def test_void_runs_are_repeated_until_one_gives_a_verdict(project: Path) -> None
     assert "the verdict of the first run that counted" in clause["counterexample"]
     assert (project / "rerun_suite" / "void_twice").read_text() == "5"  # 2 void + 3 judged
     assert data["run_errors"] == []
+
+
+def test_an_attempt_after_a_blocked_void_one_has_whole_limits(project: Path) -> None:
+    """A block in a void attempt cuts that attempt's later limits to 0.2 s (cheap
+    shrinking), never the next attempt's: a 0.5 s call within its 5 s limit passes."""
+    result, data = _run(project, "reference_impl:ZmqTransport", "test_void_after_a_block",
+                        "--zmq-reruns", "2")
+    clause = data["clauses"]["CONN-7"]
+    assert clause["verdict"] == "passed", (clause, _out(result))
+    assert clause["tests"][0]["measurements"]["void_runs"] == "1", clause
+    assert (project / "rerun_suite" / "void_after_block").read_text() == "2"
 
 
 def test_a_run_void_every_time_stays_a_run_error(project: Path) -> None:

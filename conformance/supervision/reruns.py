@@ -168,8 +168,14 @@ RunOnce = Callable[["pytest.Item", "pytest.Item | None"], "list[pytest.TestRepor
 
 
 def _run_once(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:
+    """One attempt, with whole watchdog limits: an attempt is a test of its own, so a
+    block in an earlier attempt never cuts this one's limits to the 0.2 s left for
+    shrinking (which would call a correct node's start-up ``blocked``)."""
     from _pytest.runner import runtestprotocol
 
+    from conformance.supervision import watchdog
+
+    watchdog.new_test()
     return runtestprotocol(item, log=False, nextitem=nextitem)
 
 
