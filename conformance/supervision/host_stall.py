@@ -62,23 +62,34 @@ _RECORD: Final = struct.Struct("!dd")
 #: How long the first use waits for the meter to run.
 _START_WAIT_S: Final = 10.0
 
-_STAMP: Final = struct.Struct("d")
+#: Shared with the meter: its last wake-up, and how many stalls it has reported.
+_STAMP: Final = struct.Struct("dQ")
+#: How long a read waits for a report the meter has counted but the reader not yet taken.
+_IN_FLIGHT_WAIT_S: Final = 1.0
 
 _METER_CODE: Final = f"""
 import mmap, os, struct, sys, time
 parent = os.getppid()
 out = sys.stdout.buffer
 rec = struct.Struct("!dd")
-stamp = struct.Struct("d")
+stamp = struct.Struct("dQ")
 last = mmap.mmap(int(sys.argv[1]), stamp.size)
-out.write(rec.pack(time.monotonic(), 0.0)); out.flush()
+reports = 0
+# Each interval runs from the previous wake-up, not from the sleep's start: a stop that
+# lands anywhere in the loop (or before its first sleep) is inside some interval.
+prev = time.monotonic()
+stamp.pack_into(last, 0, prev, reports)
+out.write(rec.pack(prev, 0.0)); out.flush()
 while os.getppid() == parent:
-    slept = time.monotonic()
     time.sleep({PERIOD_S!r})
     woke = time.monotonic()
-    stamp.pack_into(last, 0, woke)
-    if woke - slept - {PERIOD_S!r} > {REPORTED_LATENESS_S!r}:
-        out.write(rec.pack(slept, woke)); out.flush()
+    if woke - prev - {PERIOD_S!r} > {REPORTED_LATENESS_S!r}:
+        reports += 1
+        stamp.pack_into(last, 0, woke, reports)
+        out.write(rec.pack(prev, woke)); out.flush()
+    else:
+        stamp.pack_into(last, 0, woke, reports)
+    prev = woke
 """
 
 
@@ -88,6 +99,7 @@ class _Meter:
         # possibly while the main thread is reading it already.
         self._lock = threading.RLock()
         self._stalls: deque[tuple[float, float]] = deque()
+        self._taken = 0  # reports the reader has taken from the pipe
         # The meter's last wake-up, shared: a stall still in progress (the meter has not
         # woken to report it) is seen at its age, as the delay probe sees records in flight.
         with tempfile.TemporaryFile() as backing:
@@ -122,17 +134,23 @@ class _Meter:
                 self._stalls.append((slept, woke))
                 while self._stalls and self._stalls[0][1] < woke - _KEEP_S:
                     self._stalls.popleft()
+                self._taken += 1
 
     def overlapping(self, since: float, until: float) -> list[float]:
         """Lateness of every reported wake-up whose sleep overlapped the window, clipped
         to it (seconds)."""
-        # A wake-up reported by now may still be in the pipe: give the reader a moment.
-        time.sleep(0.002)
         now = time.monotonic()
+        # The meter counts a report (and stamps its wake-up) before writing it, so a
+        # report still in the pipe is known here: wait for the reader only then. Before
+        # the count moves, the old stamp shows the same stall as one in progress (below).
+        _, reported = _STAMP.unpack_from(self._last_wake, 0)
+        patience = now + _IN_FLIGHT_WAIT_S
+        while self._taken < reported and time.monotonic() < patience:
+            time.sleep(0.0005)
         with self._lock:
             spans = [(slept + PERIOD_S, woke) for slept, woke in self._stalls
                      if woke >= since and slept <= until]
-        (last,) = _STAMP.unpack_from(self._last_wake, 0)
+        last, _ = _STAMP.unpack_from(self._last_wake, 0)
         if last and now - last - PERIOD_S > REPORTED_LATENESS_S and last <= until:
             spans.append((last + PERIOD_S, now))  # a stall in progress
         return [max(min(woke, until) - max(due, since), 0.0) for due, woke in spans]
