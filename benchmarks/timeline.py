@@ -338,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         directory = Path(args.keep or scratch)
         directory.mkdir(parents=True, exist_ok=True)
         root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, _DIR_ENV: str(directory),
+        # The command is a run of its own: a worker name inherited from an enclosing
+        # xdist run (this tool's own test) would label its main process as that worker.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+        env = {**inherited, _DIR_ENV: str(directory),
                "PYTEST_PLUGINS": ",".join(p for p in (os.environ.get("PYTEST_PLUGINS"),
                                                       "benchmarks.timeline") if p),
                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH"))
