@@ -90,16 +90,12 @@ import numpy as np
 from reference_impl.engine_pipeline import wire
 from reference_impl.engine_pipeline.wire import (
     AddRequest,
-    AuxIndexError,
     EngineOutput,
     EngineOutputs,
     ForbiddenExtension,
     MalformedPayload,
     RequestType,
-    ShapeMismatch,
-    UnencodableValue,
     UnknownRequestType,
-    UnusedAuxFrame,
     UtilityOutput,
     WireError,
 )
@@ -267,7 +263,7 @@ class _Outputs(msgspec.Struct, array_like=True, gc=False):
 # -- encoding ---------------------------------------------------------------------------------
 
 
-class Encoder:
+class Encoder(wire.Encoder):
     """The profile's encoder: the suite's messages in vLLM 0.33's layouts, ``[blob, aux...]``.
 
     :class:`~.wire.AddRequest` becomes an ``EngineCoreRequest``,
@@ -279,10 +275,11 @@ class Encoder:
     ``time.monotonic()``); tests pass fixed clocks for golden bytes.
     """
 
+    profile = PROFILE
+
     def __init__(self, *, wall_clock: Callable[[], float] = time.time,
                  monotonic_clock: Callable[[], float] = time.monotonic) -> None:
-        self._aux: list[Any] = []
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        super().__init__()
         self._wall_clock = wall_clock
         self._monotonic_clock = monotonic_clock
 
@@ -291,40 +288,21 @@ class Encoder:
             value = _outputs_to_vllm(value, self._monotonic_clock())
         elif isinstance(value, AddRequest):
             value = _add_to_vllm(value, self._wall_clock())
-        self._aux = [None]
-        try:
-            blob = bytearray() if into is None else into
-            self._encoder.encode_into(value, blob)
-            frames: list[Any] = self._aux
-            frames[0] = blob
-            return frames
-        finally:
-            self._aux = []
+        return super().encode(value, into=into)
 
     def _enc_hook(self, obj: Any) -> Any:
-        if isinstance(obj, np.ndarray):
-            return self._encode_array(obj)
-        if isinstance(obj, np.generic):
-            return self._encode_array(np.asarray(obj))
         if isinstance(obj, wire.AuxBytes):  # the vllm-v1 helper: vLLM sends bytes inline
             return bytes(obj.data)
-        raise UnencodableValue(f"{type(obj).__name__} has no {PROFILE} wire form")
+        return super()._enc_hook(obj)
 
-    def _encode_array(self, array: np.ndarray[Any, Any]) -> tuple[str, list[int], Any]:
-        dtype = array.dtype
-        if dtype.kind in "OV" or dtype.fields is not None or not _DTYPE.match(dtype.str):
-            raise UnencodableValue(f"arrays of dtype {dtype} have no {PROFILE} wire form "
-                                   "(object and structured dtypes would need pickle)")
-        contiguous = array if array.flags.c_contiguous else array.copy(order="C")
-        flat: Any = contiguous.reshape(-1).view(np.uint8)
-        raw: Any = memoryview(flat) if contiguous.nbytes else b""
+    def _encode_array(self, array: np.ndarray[Any, Any]) -> Any:
+        dtype_str, shape, raw = wire.array_layout(array, PROFILE)
         data: Any
-        if not contiguous.shape or contiguous.nbytes < INLINE_THRESHOLD:
+        if not shape or len(raw) < INLINE_THRESHOLD:
             data = msgspec.msgpack.Ext(EXT_RAW_VIEW, bytes(raw))
         else:
-            self._aux.append(raw)
-            data = len(self._aux) - 1
-        return dtype.str, list(contiguous.shape), data
+            data = self._aux_index(raw)
+        return dtype_str, shape, data
 
 
 def prepare(value: Any) -> Any:
@@ -374,33 +352,6 @@ class _RawView:
         self.data = data
 
 
-class _Aux:
-    """The aux frames of one message and which of them were referenced."""
-
-    __slots__ = ("frames", "used")
-
-    def __init__(self, frames: Sequence[Any]) -> None:
-        self.frames = frames
-        self.used: set[int] = set()
-
-    def take(self, index: int) -> memoryview:
-        if not 1 <= index < len(self.frames):
-            raise AuxIndexError(f"aux frame index {index} out of range: the message has "
-                                f"{len(self.frames) - 1} aux frame(s)")
-        self.used.add(index)
-        return _buffer(self.frames[index])
-
-    def check_all_used(self) -> None:
-        unused = sorted(set(range(1, len(self.frames))) - self.used)
-        if unused:
-            raise UnusedAuxFrame(f"aux frame(s) {unused} referenced by nothing")
-
-
-def _buffer(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", None)
-    return memoryview(buf if buf is not None else frame).cast("B")
-
-
 def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_RAW_VIEW:
         return _RawView(bytes(data))
@@ -426,27 +377,14 @@ def _looks_like_array(value: list[Any]) -> bool:
     return isinstance(data, _RawView) or (_is_int(data) and _DTYPE.match(dtype) is not None)
 
 
-def _array(value: list[Any], aux: _Aux) -> np.ndarray[Any, Any]:
+def _array(value: list[Any], aux: wire.AuxFrames) -> np.ndarray[Any, Any]:
     dtype_str, shape, data = value
-    if not _DTYPE.match(dtype_str):
-        raise ShapeMismatch(f"dtype {dtype_str!r:.40} has no {PROFILE} wire form")
-    if len(shape) > _MAX_DIMS or any(d < 0 for d in shape):
-        raise ShapeMismatch(f"shape {shape!r:.60} is not a list of non-negative integers")
-    try:
-        dtype = np.dtype(dtype_str)
-    except TypeError as exc:
-        raise ShapeMismatch(f"dtype {dtype_str!r}: {exc}") from None
+    dtype = wire.checked_dtype(dtype_str, shape, PROFILE)
     buf: Any = data.data if isinstance(data, _RawView) else aux.take(data)
-    count = 1
-    for d in shape:
-        count *= d
-    if count * dtype.itemsize != len(buf):
-        raise ShapeMismatch(f"shape {shape} of {dtype_str} needs {count * dtype.itemsize} "
-                            f"bytes, the buffer has {len(buf)}")
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+    return wire.array_from(buf, dtype, dtype_str, shape)
 
 
-def _restore(value: Any, aux: _Aux, depth: int = 0) -> Any:
+def _restore(value: Any, aux: wire.AuxFrames, depth: int = 0) -> Any:
     """A free-form value with vLLM's array triples as arrays and raw views as bytes."""
     if depth > 64:
         raise MalformedPayload("a free-form value nested deeper than 64 levels")
@@ -467,13 +405,14 @@ class _Decoding:
     def __init__(self, type_: Any) -> None:
         self._decoder = msgspec.msgpack.Decoder(type_, ext_hook=_ext_hook)
 
-    def decode(self, frames: Sequence[Any], what: str) -> tuple[Any, _Aux]:
+    def decode(self, frames: Sequence[Any], what: str) -> tuple[Any, wire.AuxFrames]:
         if not frames:
             raise MalformedPayload(f"{what}: no blob frame")
-        aux = _Aux(frames)
+        aux = wire.AuxFrames(frames)
         frame = frames[0]
         try:
-            value = self._decoder.decode(frame if isinstance(frame, bytes) else _buffer(frame))
+            blob = frame if isinstance(frame, bytes) else wire.frame_buffer(frame)
+            value = self._decoder.decode(blob)
         except WireError:
             raise
         except msgspec.ValidationError as exc:
@@ -507,7 +446,7 @@ def _guarded(what: str, convert: Any, *args: Any) -> Any:
         raise MalformedPayload(f"{what}: {type(exc).__name__}: {exc}") from None
 
 
-def _add_from_vllm(request: _RequestIn, aux: _Aux) -> AddRequest:
+def _add_from_vllm(request: _RequestIn, aux: wire.AuxFrames) -> AddRequest:
     rid = request.request_id
     if request.prompt_token_ids is None:
         raise MalformedPayload(f"ADD {rid!r:.40}: no prompt_token_ids (prompt embeddings "
@@ -525,7 +464,7 @@ def _add_from_vllm(request: _RequestIn, aux: _Aux) -> AddRequest:
                       request.client_index, payload)
 
 
-def _outputs_from_vllm(message: _Outputs, aux: _Aux) -> EngineOutputs:
+def _outputs_from_vllm(message: _Outputs, aux: wire.AuxFrames) -> EngineOutputs:
     outputs = []
     for out in message.outputs:
         reason = out.finish_reason
@@ -600,7 +539,7 @@ def decode_request(frames: Sequence[Any], decoders: Decoders) -> tuple[RequestTy
     if len(frames) < 2:
         raise MalformedPayload(f"a request has a type frame and a blob, got {len(frames)} "
                                "frame(s)")
-    head = bytes(_buffer(frames[0]))
+    head = bytes(wire.frame_buffer(frames[0]))
     entry = _BY_TYPE.get(head)
     if entry is None:
         raise UnknownRequestType(f"unknown request type byte {head!r:.20}")

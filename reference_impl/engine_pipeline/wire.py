@@ -231,6 +231,9 @@ class Encoder:
     flight still uses).
     """
 
+    #: The profile named in "has no ... wire form" errors.
+    profile: str = PROFILE
+
     def __init__(self) -> None:
         self._aux: list[Any] = []
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
@@ -257,20 +260,26 @@ class Encoder:
             return self._encode_array(np.asarray(obj))
         if isinstance(obj, AuxBytes):
             return msgspec.msgpack.Ext(EXT_AUX_BYTES, _pack_int(self._aux_index(obj.data)))
-        raise UnencodableValue(f"{type(obj).__name__} has no {PROFILE} wire form")
+        raise UnencodableValue(f"{type(obj).__name__} has no {self.profile} wire form")
 
     def _encode_array(self, array: np.ndarray[Any, Any]) -> msgspec.msgpack.Ext:
-        dtype = array.dtype
-        if dtype.kind in "OV" or dtype.fields is not None or not _DTYPE.match(dtype.str):
-            raise UnencodableValue(f"arrays of dtype {dtype} have no {PROFILE} wire form "
-                                   "(object and structured dtypes would need pickle)")
-        contiguous = array if array.flags.c_contiguous else array.copy(order="C")
-        flat: Any = contiguous.reshape(-1).view(np.uint8)
-        raw: Any = memoryview(flat) if contiguous.nbytes else b""
-        data: Any
-        data = bytes(raw) if contiguous.nbytes < INLINE_THRESHOLD else self._aux_index(raw)
-        body = msgspec.msgpack.encode([dtype.str, list(contiguous.shape), data])
-        return msgspec.msgpack.Ext(EXT_NDARRAY, body)
+        dtype_str, shape, raw = array_layout(array, self.profile)
+        data = bytes(raw) if len(raw) < INLINE_THRESHOLD else self._aux_index(raw)
+        return msgspec.msgpack.Ext(EXT_NDARRAY, msgspec.msgpack.encode([dtype_str, shape, data]))
+
+
+def array_layout(array: np.ndarray[Any, Any], profile: str) -> tuple[str, list[int], Any]:
+    """``(dtype string, shape, bytes)`` of ``array`` as every profile sends one: the
+    bytes C-ordered (a memoryview of them, ``b""`` when empty). Object and
+    structured dtypes are refused (they would need pickle)."""
+    dtype = array.dtype
+    if dtype.kind in "OV" or dtype.fields is not None or not _DTYPE.match(dtype.str):
+        raise UnencodableValue(f"arrays of dtype {dtype} have no {profile} wire form "
+                               "(object and structured dtypes would need pickle)")
+    contiguous = array if array.flags.c_contiguous else array.copy(order="C")
+    flat: Any = contiguous.reshape(-1).view(np.uint8)
+    raw: Any = memoryview(flat) if contiguous.nbytes else b""
+    return dtype.str, list(contiguous.shape), raw
 
 
 class AuxBytes:
@@ -306,8 +315,8 @@ def prepare(value: Any) -> Any:
 # -- decoding ------------------------------------------------------------------
 
 
-class _AuxFrames:
-    """The aux frames of one message and which of them were referenced."""
+class AuxFrames:
+    """The aux frames of one message and which of them were referenced (every profile's)."""
 
     def __init__(self, frames: Sequence[Any]) -> None:
         self.frames = frames
@@ -320,7 +329,7 @@ class _AuxFrames:
             raise AuxIndexError(f"aux frame index {index} out of range: the message has "
                                 f"{len(self.frames) - 1} aux frame(s)")
         self.used.add(index)
-        return _buffer(self.frames[index])
+        return frame_buffer(self.frames[index])
 
     def check_all_used(self) -> None:
         if len(self.used) == len(self.frames) - 1:  # ``used`` holds indices 1.. only
@@ -330,12 +339,13 @@ class _AuxFrames:
             raise UnusedAuxFrame(f"aux frame(s) {unused} referenced by nothing")
 
 
-def _buffer(frame: Any) -> memoryview:
+def frame_buffer(frame: Any) -> memoryview:
+    """A frame's bytes (a ``zmq.Frame``'s buffer, or any bytes-like) as a byte view."""
     buf = getattr(frame, "buffer", None)
     return memoryview(buf if buf is not None else frame).cast("B")
 
 
-def _decode_array(body: memoryview, aux: _AuxFrames) -> np.ndarray[Any, Any]:
+def _decode_array(body: memoryview, aux: AuxFrames) -> np.ndarray[Any, Any]:
     try:
         parts = msgspec.msgpack.decode(body)
     except msgspec.DecodeError as exc:
@@ -343,18 +353,32 @@ def _decode_array(body: memoryview, aux: _AuxFrames) -> np.ndarray[Any, Any]:
     if not (isinstance(parts, list) and len(parts) == 3):
         raise MalformedPayload("an array is [dtype, shape, data]")
     dtype_str, shape, data = parts
-    if not isinstance(dtype_str, str) or not _DTYPE.match(dtype_str):
+    if not isinstance(dtype_str, str):
         raise ShapeMismatch(f"dtype {dtype_str!r:.40} has no {PROFILE} wire form")
+    dtype = checked_dtype(dtype_str, shape, PROFILE)
+    buf = aux.take(data) if isinstance(data, int) else data
+    if not isinstance(buf, bytes | memoryview):
+        raise MalformedPayload(f"array data is a {type(data).__name__}, not bytes or an index")
+    return array_from(buf, dtype, dtype_str, shape)
+
+
+def checked_dtype(dtype_str: str, shape: Any, profile: str) -> np.dtype[Any]:
+    """The dtype an array header names, once its dtype string has a wire form and its
+    shape is a list of at most ``_MAX_DIMS`` non-negative integers (every profile's rule)."""
+    if not _DTYPE.match(dtype_str):
+        raise ShapeMismatch(f"dtype {dtype_str!r:.40} has no {profile} wire form")
     if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise ShapeMismatch(f"shape {shape!r:.60} is not a list of non-negative integers")
     try:
-        dtype = np.dtype(dtype_str)
+        return np.dtype(dtype_str)
     except TypeError as exc:
         raise ShapeMismatch(f"dtype {dtype_str!r}: {exc}") from None
-    buf = aux.take(data) if isinstance(data, int) else data
-    if not isinstance(buf, bytes | memoryview):
-        raise MalformedPayload(f"array data is a {type(data).__name__}, not bytes or an index")
+
+
+def array_from(buf: Any, dtype: np.dtype[Any], dtype_str: str,
+               shape: list[int]) -> np.ndarray[Any, Any]:
+    """The array over ``buf`` (no copy), once its size is exactly what the shape needs."""
     count = 1
     for d in shape:
         count *= d
@@ -364,7 +388,7 @@ def _decode_array(body: memoryview, aux: _AuxFrames) -> np.ndarray[Any, Any]:
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
 
 
-def _decoder(type_: Any, aux_holder: list[_AuxFrames]) -> msgspec.msgpack.Decoder[Any]:
+def _decoder(type_: Any, aux_holder: list[AuxFrames]) -> msgspec.msgpack.Decoder[Any]:
     def ext_hook(code: int, data: memoryview) -> Any:
         aux = aux_holder[0]
         if code == EXT_NDARRAY:
@@ -383,9 +407,9 @@ def _decoder(type_: Any, aux_holder: list[_AuxFrames]) -> msgspec.msgpack.Decode
 
 
 #: A message of one frame has no aux frames: every aux reference in it is out of range,
-#: and :meth:`_AuxFrames.take` raises before it records anything, so one instance serves
+#: and :meth:`AuxFrames.take` raises before it records anything, so one instance serves
 #: every such message (no bookkeeping to allocate or check per message).
-_NO_AUX: Final = _AuxFrames((None,))
+_NO_AUX: Final = AuxFrames((None,))
 #: Blobs below this size are decoded from a ``bytes`` copy: cheaper than a memoryview
 #: of the frame (and msgspec parses ``bytes`` faster); larger ones are decoded in place.
 _SMALL_BLOB: Final = 64 << 10
@@ -394,21 +418,21 @@ _SMALL_BLOB: Final = 64 << 10
 def _blob(frame: Any) -> Any:
     """The buffer the blob frame is decoded from (nothing decoded refers to it)."""
     if isinstance(frame, zmq.Frame):
-        return frame.bytes if len(frame) < _SMALL_BLOB else _buffer(frame)
-    return frame if isinstance(frame, bytes) else _buffer(frame)
+        return frame.bytes if len(frame) < _SMALL_BLOB else frame_buffer(frame)
+    return frame if isinstance(frame, bytes) else frame_buffer(frame)
 
 
 class _Decoding:
     """A decoder of one message type with aux-frame bookkeeping (one per thread)."""
 
     def __init__(self, type_: Any) -> None:
-        self._holder: list[_AuxFrames] = [_NO_AUX]
+        self._holder: list[AuxFrames] = [_NO_AUX]
         self._decoder = _decoder(type_, self._holder)
 
     def decode(self, frames: Sequence[Any], what: str) -> Any:
         if not frames:
             raise MalformedPayload(f"{what}: no blob frame")
-        aux = _NO_AUX if len(frames) == 1 else _AuxFrames(frames)
+        aux = _NO_AUX if len(frames) == 1 else AuxFrames(frames)
         self._holder[0] = aux
         try:
             value = self._decoder.decode(_blob(frames[0]))
@@ -454,7 +478,7 @@ def decode_request(frames: Sequence[Any], decoders: Decoders) -> tuple[RequestTy
         raise MalformedPayload(f"a request has a type frame and a blob, got {len(frames)} "
                                "frame(s)")
     frame = frames[0]
-    head = frame.bytes if isinstance(frame, zmq.Frame) else bytes(_buffer(frame))
+    head = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame_buffer(frame))
     entry = decoders.requests.get(head)
     if entry is None:
         raise UnknownRequestType(f"unknown request type byte {head!r:.20}")
@@ -516,7 +540,7 @@ def encode_handshake(message: dict[str, Any]) -> bytes:
 def decode_handshake(frame: Any) -> dict[str, Any]:
     """The map of one handshake frame; :class:`MalformedPayload` otherwise."""
     try:
-        message = _HANDSHAKE_DECODER.decode(_buffer(frame))
+        message = _HANDSHAKE_DECODER.decode(frame_buffer(frame))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedPayload(f"handshake: {exc}") from None
     if not isinstance(message.get("status"), str):
