@@ -39,6 +39,8 @@ from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.tree_cpu import proc_cmdline, proc_stat
+
 _DIR_ENV = "ZMQ_CONFORMANCE_TIMELINE_DIR"
 _TICK = os.sysconf("SC_CLK_TCK")
 #: How often the runner scans ``/proc`` for exits: each scan reads every process's
@@ -61,27 +63,32 @@ def _started_at(pid: int) -> float:
     return _boot_time() + int(fields[19]) / _TICK
 
 
-def _descendant_ticks(root: int) -> int:
-    """User + system clock ticks of the live descendants of ``root``."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    ticks: dict[int, int] = {}
+def _process_table() -> dict[int, tuple[int, int, int]]:
+    """Every live process's :func:`benchmarks.tree_cpu.proc_stat`, by pid."""
+    table = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(name)
-        children[int(fields[1])].append(pid)
-        ticks[pid] = int(fields[11]) + int(fields[12])
-    total, stack = 0, list(children.get(root, ()))
+        if name.isdigit() and (stat := proc_stat(int(name))) is not None:
+            table[int(name)] = stat
+    return table
+
+
+def _descendants(root: int, table: dict[int, tuple[int, int, int]]) -> list[int]:
+    """``root``'s live descendants in ``table`` (``root`` itself not included)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for pid, (ppid, _, _) in table.items():
+        children[ppid].append(pid)
+    found, stack = [], list(children.get(root, ()))
     while stack:
         pid = stack.pop()
-        total += ticks.get(pid, 0)
+        found.append(pid)
         stack.extend(children.get(pid, ()))
-    return total
+    return found
+
+
+def _descendant_ticks(root: int) -> int:
+    """User + system clock ticks of the live descendants of ``root``."""
+    table = _process_table()
+    return sum(table[pid][1] for pid in _descendants(root, table))
 
 
 # -- the plugin (loaded in the run's process and in every worker) --------------------
@@ -225,36 +232,16 @@ def _watch(child: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     alive: dict[int, str] = {}
     while True:
-        parents: dict[int, list[int]] = collections.defaultdict(list)
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/stat") as f:
-                        parents[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(name))
-                except OSError:
-                    continue
-        tree, stack = set(), [child.pid]
-        while stack:
-            pid = stack.pop()
-            tree.add(pid)
-            stack.extend(parents.get(pid, ()))
+        tree = {child.pid, *_descendants(child.pid, _process_table())}
         now = time.time()
         for pid in tree - alive.keys():
-            alive[pid] = _cmd(pid)
+            alive[pid] = proc_cmdline(pid)[:80]
             events.append({"ev": "born", "pid": pid, "t": now, "cmd": alive[pid]})
         for pid in alive.keys() - tree:
             events.append({"ev": "died", "pid": pid, "t": now, "cmd": alive.pop(pid)})
         if child.poll() is not None:
             return events
         time.sleep(_PERIOD_S)
-
-
-def _cmd(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
-    except OSError:
-        return ""
 
 
 def _load(directory: Path) -> list[dict[str, Any]]:

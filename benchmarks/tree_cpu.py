@@ -33,7 +33,7 @@ class _Proc:
     first: float = 0.0
 
 
-def _stat(pid: int) -> tuple[int, int, int] | None:
+def proc_stat(pid: int) -> tuple[int, int, int] | None:
     """``(ppid, utime + stime, starttime)`` of ``pid``, or ``None`` once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -43,7 +43,8 @@ def _stat(pid: int) -> tuple[int, int, int] | None:
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
 
 
-def _cmdline(pid: int) -> str:
+def proc_cmdline(pid: int) -> str:
+    """``pid``'s command line, arguments joined by spaces (``""`` once it is gone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -72,7 +73,7 @@ def _kind(pid: int, root: int, tree: dict[int, _Proc]) -> str:
 def measure(command: list[str]) -> int:
     started = time.monotonic()
     child = subprocess.Popen(command)
-    first = _stat(child.pid)
+    first = proc_stat(child.pid)
     tree = {child.pid: _Proc(os.getpid(), first[2] if first else 0, " ".join(command))}
     seen: set[int] = set()
     while child.poll() is None:
@@ -83,16 +84,16 @@ def measure(command: list[str]) -> int:
             pid = int(name)
             proc = tree.get(pid)
             if proc is not None:
-                stat = _stat(pid)
+                stat = proc_stat(pid)
                 if stat is not None and stat[2] == proc.start:
                     proc.ticks = stat[1]
                     if now - proc.first < 1.0:  # after a fork, exec changes the name
-                        proc.cmd = _cmdline(pid) or proc.cmd
+                        proc.cmd = proc_cmdline(pid) or proc.cmd
             elif pid not in seen:
                 seen.add(pid)
-                stat = _stat(pid)
+                stat = proc_stat(pid)
                 if stat is not None and stat[0] in tree:
-                    tree[pid] = _Proc(stat[0], stat[2], _cmdline(pid), stat[1], now)
+                    tree[pid] = _Proc(stat[0], stat[2], proc_cmdline(pid), stat[1], now)
         time.sleep(_PERIOD_S)
     wall = time.monotonic() - started
     reaped = os.times()
