@@ -62,7 +62,12 @@ _FRAME = struct.Struct("!I")
 _BUFFER = 4 << 20
 #: How often the fork server checks that its parent is still there.
 _PARENT_CHECK_S = 0.5
-#: Modules a node needs whatever its factory: imported once, in the fork server.
+#: Modules a node needs whatever its factory, and the default factory's own module
+#: (``reference_impl:ZmqTransport``; ``reference_impl`` itself imports it lazily, so
+#: without it every fresh node paid about 0.1 s of CPU for it, asyncio and ssl
+#: included, in its first ``build``): imported once, in the fork server. Only
+#: modules without import-time state that a fork would share (contexts, threads,
+#: seeded generators) belong here; a user's factory module is imported in the node.
 _WARM_MODULES = (
     "conformance.config.loading",
     "conformance.supervision.watchdog",
@@ -70,6 +75,7 @@ _WARM_MODULES = (
     "zmq",
     "msgspec",
     "reference_impl",
+    "reference_impl.p2p.transport",
 )
 
 
