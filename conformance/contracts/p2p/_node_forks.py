@@ -104,6 +104,12 @@ class FramedChannel:
         self._in = bytearray()
         self._out = bytearray()
         self._closed = False
+        # One poller for the channel's life (a round trip per call makes building and
+        # registering one per wait a visible part of its cost); POLLOUT only while
+        # something waits to be written.
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
+        self._polling_out = False
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -154,10 +160,12 @@ class FramedChannel:
                 if remaining <= 0:
                     raise TimeoutError(f"no message within {timeout} s")
                 wait_ms = max(1, int(remaining * 1000 + 0.999))
-            poller = select.poll()
-            poller.register(self._sock, select.POLLIN | (select.POLLOUT if self._out else 0))
+            if bool(self._out) != self._polling_out:
+                self._polling_out = bool(self._out)
+                self._poller.modify(
+                    self._sock, select.POLLIN | (select.POLLOUT if self._polling_out else 0))
             events = 0
-            for _fd, mask in poller.poll(wait_ms):
+            for _fd, mask in self._poller.poll(wait_ms):
                 events |= mask
             if events & select.POLLOUT:
                 self._flush()

@@ -17,6 +17,15 @@ transport, which then judges it itself):
   transport call (``connect``, ``poll``, ``close``), a connection call on a
   handle (``alive``, ``send``, ``recv``, ``mark_dead``, ``close_conn``),
   ``"peer_id"``, ``"pid"`` or ``"exit"``.
+- ``"poll_drain"`` (args ``[[[handle, seq], ...]]``) is ``poll()`` followed, only
+  when it returned no new connection, by ``recv()`` on each handle in order:
+  one request, one reply per call (the ``recv`` replies under the sequence
+  numbers the request gave them, ``(seq, "skipped", None)`` for those not run).
+  The process machine announces this way the drains it makes after such a
+  poll, so a machine step costs one round trip instead of one per connection.
+- ``"batch"`` (args ``[[[op, handle, seq], ...]]``, ``op`` ``recv`` or ``alive``):
+  those calls in order, one reply each under its ``seq``; the machine announces
+  the ``alive`` reads of its invariant this way, one request per node.
 
 Connections are named by integer handles, one per raw object, so the test
 process can keep one proxy per connection (POLL-1 compares identities).
@@ -106,13 +115,11 @@ class _Node:
         return os.getpid()
 
     def call(self, op: str, args: list[Any]) -> Any:
-        from conformance.supervision import watchdog
-
         if op == "build":
             return self.build(args[0])
         if op == "pid":
             return os.getpid()
-        with watchdog.guard(_describe(op, args)):
+        with _watchdog().guard(_describe(op, args)):
             return self._dispatch(op, args)
 
     def _dispatch(self, op: str, args: list[Any]) -> Any:
@@ -154,6 +161,20 @@ class _Node:
         raise ValueError(f"process node: unknown operation {op!r}")
 
 
+_WATCHDOG: Any = None
+
+
+def _watchdog() -> Any:
+    """The suite's watchdog module, imported on first use (a ``from ... import`` per call
+    costs a visible share of a round trip) and only once the node serves requests."""
+    global _WATCHDOG
+    if _WATCHDOG is None:
+        from conformance.supervision import watchdog
+
+        _WATCHDOG = watchdog
+    return _WATCHDOG
+
+
 def _describe(op: str, args: list[Any]) -> str:
     if op in ("connect",):
         return f"{op}({args[0]!r}) in the node process"
@@ -188,27 +209,93 @@ def serve(channel: Any) -> None:
             if op == "exit":
                 channel.send(pickle.dumps((seq, "ok", None)))
                 return
-            try:
-                value = node.call(op, args)
-            except BaseException as exc:  # every error goes back to the caller
-                if isinstance(exc, (SystemExit, KeyboardInterrupt)) and op != "build":
-                    raise
-                try:
-                    channel.send(pickle.dumps((seq, "err", _error_info(exc))))
-                except Exception:
-                    return  # the channel is gone: nobody to answer
+            if op == "poll_drain":
+                if not _poll_drain(channel, node, seq, args[0]):
+                    return
                 continue
-            try:
-                reply = pickle.dumps((seq, "ok", value))
-            except Exception as exc:  # a value pickle cannot carry
-                reply = pickle.dumps((seq, "err", _error_info(TypeError(
-                    f"{op}() returned a value that cannot cross to the test process: {exc}"
-                ))))
-            channel.send(reply)
+            if op == "batch":
+                if not _batch(channel, node, args[0]):
+                    return
+                continue
+            answered, _value = _answer(channel, node, seq, op, args)
+            if answered is None:
+                return
     finally:
         if node.transport is not None and not getattr(node.transport, "closed", False):
             with contextlib.suppress(Exception):
                 node.transport.close()
+
+
+def _answer(channel: Any, node: _Node, seq: int, op: str, args: list[Any], *,
+            shape: Any = None) -> tuple[bool | None, Any]:
+    """Run one call and send its reply: ``(True, value)`` when it returned, ``(False, None)``
+    when it raised (the error went back as the reply), ``(None, None)`` when the channel is
+    gone. ``shape`` turns the value into the reply's payload (default: the value)."""
+    try:
+        value = node.call(op, args)
+    except BaseException as exc:  # every error goes back to the caller
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)) and op != "build":
+            raise
+        try:
+            channel.send(pickle.dumps((seq, "err", _error_info(exc))))
+        except Exception:
+            return None, None  # the channel is gone: nobody to answer
+        return False, None
+    payload = value if shape is None else shape(value)
+    try:
+        reply = pickle.dumps((seq, "ok", payload))
+    except Exception as exc:  # a value pickle cannot carry
+        channel.send(pickle.dumps((seq, "err", _error_info(TypeError(
+            f"{op}() returned a value that cannot cross to the test process: {exc}"
+        )))))
+        return False, None
+    channel.send(reply)
+    return True, value
+
+
+def _poll_drain(channel: Any, node: _Node, seq: int, drains: list[list[int]]) -> bool:
+    """``poll()`` and, only when it returned no new connection, ``recv()`` on each handle of
+    ``drains`` (``[handle, seq]`` pairs) in order: the calls the test process announced it
+    makes next in that case, each under its own watchdog guard and answered as its own
+    reply (the poll's payload is ``[value, drained]``). After a ``recv()`` that raised or
+    handed over something the harness refuses (not a sequence, a non-dict message) the
+    rest are answered ``skipped`` and not run: the test process stops there too, and asks
+    again itself if it does go on. False when the channel is gone."""
+    def shape(value: Any) -> list[Any]:
+        return [value, value == ["ok", []]]
+
+    answered, value = _answer(channel, node, seq, "poll", [], shape=shape)
+    if answered is None:
+        return False
+    if not answered or value != ["ok", []]:
+        return True
+    return _batch(channel, node, [["recv", handle, recv_seq] for handle, recv_seq in drains])
+
+
+def _batch(channel: Any, node: _Node, calls: list[list[Any]]) -> bool:
+    """Run connection calls ``[op, handle, seq]`` in order, each answered as its own reply
+    under ``seq``; after one that raised or returned what the harness refuses (``recv``:
+    not a sequence of dicts; ``alive``: not a bool) the rest are answered ``skipped``.
+    False when the channel is gone."""
+    go_on = True
+    for op, handle, seq in calls:
+        if not go_on:
+            channel.send(pickle.dumps((seq, "skipped", None)))
+            continue
+        answered, got = _answer(channel, node, seq, op, [handle])
+        if answered is None:
+            return False
+        go_on = bool(answered) and _acceptable(op, got)
+    return True
+
+
+def _acceptable(op: str, value: Any) -> bool:
+    """Whether the harness takes ``value`` from ``op`` without failing the step."""
+    if op == "recv":
+        return bool(value[0] == "ok" and all(isinstance(m, dict) for m in value[1]))
+    if op == "alive":
+        return isinstance(value, bool)
+    return True
 
 
 if __name__ == "__channelexec__":

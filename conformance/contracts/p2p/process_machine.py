@@ -22,10 +22,10 @@ stopped process.
 from __future__ import annotations
 
 import time
-from typing import cast
+from typing import Any, cast
 
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
@@ -92,6 +92,41 @@ class ProcessChaosMachine(ChaosMachine):
         self._known_raw[name] = set()
         if wait:
             self._await_detection()
+
+    def _poll(self, name: str) -> list[ConnModel]:
+        """As in the cluster machine, in one round trip to the node's process when the
+        poll returns no new connection: the node is told beforehand which ``recv()``
+        calls follow such a poll (every open connection of ``name``, in the model's
+        order: the drains of :meth:`ClusterMachine._poll`) and runs them right after
+        its ``poll()``. The calls, their order and every check are the cluster
+        machine's; only the round trips between them go
+        (:meth:`ProcessTransport.drain_after_poll`)."""
+        transport = self.node[name].transport
+        if isinstance(transport, ProcessTransport):
+            drains = [self.proxy.get(conn.name) for conn in self.model.conns_of(name)
+                      if not conn.stale and not conn.closed]
+            if all(proxy is not None for proxy in drains):
+                transport.drain_after_poll([proxy.raw for proxy in drains if proxy is not None])
+        return super()._poll(name)
+
+    @invariant()
+    def connections_alive_as_modelled(self) -> None:
+        """The cluster machine's invariant, with each node's ``alive`` reads made in one
+        round trip: every node is told beforehand which reads follow (its connections
+        in the model's order, as the invariant walks them) and makes them at once, each
+        under its own guard; the invariant then checks each read as before
+        (:meth:`ProcessTransport.read_alive_ahead`)."""
+        if self.node:
+            ahead: dict[str, list[Any]] = {}
+            for conn in self.model.conns.values():
+                proxy = self.proxy.get(conn.name)
+                if not conn.stale and proxy is not None:
+                    ahead.setdefault(conn.owner, []).append(proxy.raw)
+            for name, raws in ahead.items():
+                node = self.node.get(name)
+                if node is not None and isinstance(node.transport, ProcessTransport):
+                    node.transport.read_alive_ahead(raws)
+        super().connections_alive_as_modelled()
 
     def _alive(self, conn: ConnModel) -> bool:
         """As in the chaos machine; a death right after a short pause is PROC-1."""

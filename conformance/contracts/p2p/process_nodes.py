@@ -92,6 +92,16 @@ _START_TIMEOUT_S = 30.0
 #: Idle processes kept for reuse, per gateway spec.
 _POOL_MAX = 8
 
+class _Skipped:
+    """The node did not run an announced call (an earlier one in its batch failed)."""
+
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+
+#: What :meth:`_Worker.collect` returns for an announced call the node did not run.
+SKIPPED = _Skipped()
+
 
 class RemoteError(Exception):
     """An exception raised in a node process whose class cannot be rebuilt here."""
@@ -203,6 +213,10 @@ class _Worker:
                 self.gateway.exit()
                 raise
         self._seq = itertools.count(1)
+        #: Sequence numbers of announced calls (:meth:`poll_drain`) not collected yet,
+        #: and the replies among them that arrived while another reply was awaited.
+        self._announced: set[int] = set()
+        self._held: dict[int, tuple[Any, ...]] = {}
         self.label = f"pid {self.pid}"
         self.signalled: str | None = None
         self.broken = False
@@ -217,10 +231,65 @@ class _Worker:
         counts as the suite's progress, and no reply within ``timeout`` is
         :class:`NodeNeverStarted`, not a blocked call.
         """
+        seq = next(self._seq)
+        self._send(seq, op, args)
+        return self._await(seq, op, timeout, startup=startup)
+
+    def poll_drain(self, handles: list[int], *, timeout: float) -> tuple[Any, dict[int, int]]:
+        """``poll()`` and, when it returned no new connection, ``recv()`` on each of
+        ``handles`` in the node right after (see :mod:`._node_worker`): the poll's value,
+        and the sequence number under which each ``recv()``'s reply comes (empty when the
+        node did not run them). Collect those with :meth:`collect`."""
+        seq = next(self._seq)
+        drains = {handle: next(self._seq) for handle in handles}
+        self._send(seq, "poll_drain", [[[h, s] for h, s in drains.items()]])
+        self._announced.update(drains.values())
+        try:
+            value, drained = self._await(seq, "poll", timeout)
+        except BaseException:
+            self._announced.difference_update(drains.values())
+            raise
+        if not drained:
+            self._announced.difference_update(drains.values())
+            return value, {}
+        return value, drains
+
+    def announce(self, calls: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Have the node run connection calls ``(op, handle)`` now, in order, without
+        waiting (see :mod:`._node_worker`, ``batch``): the sequence number under which
+        each one's reply comes, for :meth:`collect`."""
+        seqs = {call: next(self._seq) for call in calls}
+        self._send(next(self._seq), "batch", [[[op, h, s] for (op, h), s in seqs.items()]])
+        self._announced.update(seqs.values())
+        return seqs
+
+    def abandon(self, seqs: list[int]) -> None:
+        """Nobody will collect these announced calls' replies: skip them when they come."""
+        self._announced.difference_update(seqs)
+        for seq in seqs:
+            self._held.pop(seq, None)
+
+    def collect(self, seq: int, op: str, *, timeout: float) -> Any:
+        """The reply to an announced call (:meth:`poll_drain`), or :data:`SKIPPED` when the
+        node did not run it; waits for it as :meth:`request` does."""
+        if seq in self._held:
+            self._announced.discard(seq)
+            return self._unpack(self._held.pop(seq))
+        try:
+            return self._await(seq, op, timeout)
+        finally:
+            self._announced.discard(seq)
+
+    def forget_announced(self) -> None:
+        """Drop what is kept for announced calls (the node's transport closed: every
+        reply before that one has been read, and nobody asks for them any more)."""
+        self._announced.clear()
+        self._held.clear()
+
+    def _send(self, seq: int, op: str, args: list[Any]) -> None:
         if self.signalled == "SIGKILL":
             raise NodeProcessDied(f"{self.label} was killed (SIGKILL) by the test; "
                                   f"{op}() cannot reach it")
-        seq = next(self._seq)
         try:
             payload = pickle.dumps((seq, op, args))
         except Exception as exc:
@@ -234,6 +303,11 @@ class _Worker:
             if "closed" in str(exc).lower():
                 raise self._died(op) from None
             raise
+
+    def _await(self, seq: int, op: str, timeout: float, *, startup: bool = False) -> Any:
+        if self.signalled == "SIGKILL":
+            raise NodeProcessDied(f"{self.label} was killed (SIGKILL) by the test; "
+                                  f"{op}() cannot reach it")
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -251,10 +325,17 @@ class _Worker:
             except (EOFError, OSError, self.channel.RemoteError):
                 raise self._died(op) from None
             if reply[0] != seq:
-                continue  # the answer to a call given up earlier
-            if reply[1] == "ok":
-                return reply[2]
-            raise _rebuild(reply[2], self.label)
+                if reply[0] in self._announced:
+                    self._held[reply[0]] = reply  # kept for its own call, never dropped
+                continue  # else the answer to a call given up earlier
+            return self._unpack(reply)
+
+    def _unpack(self, reply: tuple[Any, ...]) -> Any:
+        if reply[1] == "ok":
+            return reply[2]
+        if reply[1] == "skipped":
+            return SKIPPED
+        raise _rebuild(reply[2], self.label)
 
     def _no_answer(self, op: str, timeout: float, *, startup: bool = False) -> BaseException:
         self.broken = True
@@ -481,13 +562,13 @@ class ProcessConnection:
 
     @property
     def alive(self) -> Any:
-        return self._transport._call("alive", [self._handle])
+        return self._transport._alive(self._handle)
 
     def send(self, msg: Any) -> None:
         self._transport._call("send", [self._handle, msg])
 
     def recv(self) -> Any:
-        return self._transport._sequence("recv", [self._handle])
+        return self._transport._recv(self._handle)
 
     def mark_dead(self) -> None:
         self._transport._call("mark_dead", [self._handle])
@@ -524,6 +605,11 @@ class ProcessTransport:
         self.port = port
         self._conns: dict[int, ProcessConnection] = {}
         self._closed = False
+        #: Handles to drain right after the next poll() if it returns nothing new.
+        self._drain_plan: list[int] | None = None
+        #: ``(op, handle)`` -> sequence number of a call the node was told to run ahead
+        #: (announced), whose reply the call collects when it is made.
+        self._announced: dict[tuple[str, int], int] = {}
         worker.label = f"node {local_id}, pid {worker.pid}"
 
     # -- the interface -----------------------------------------------------------
@@ -533,10 +619,35 @@ class ProcessTransport:
         return self._proxy(handle, peer)
 
     def poll(self) -> Any:
-        result = self._sequence("poll", [])
+        plan, self._drain_plan = self._drain_plan, None
+        if plan and not self._announced and not self._closed:
+            kind, value = self._poll_drain(plan)
+            result = _NotASequence(value) if kind != "ok" else value
+        else:
+            result = self._sequence("poll", [])
         if isinstance(result, _NotASequence):
             return result
         return [self._proxy(handle, peer) for handle, peer in result]
+
+    def drain_after_poll(self, conns: list[Any]) -> None:
+        """The caller's next calls are ``poll()`` and, if it returns no new connection,
+        ``recv()`` on each of ``conns`` in this order, with no other call to this node in
+        between: the node then runs those ``recv()`` calls right after its ``poll()``, in
+        one round trip, each under its own watchdog guard, and each ``recv()`` here
+        hands over its own call's answer (or its error) when it is asked.
+
+        The node runs the same calls in the same order as without the announcement; a
+        ``recv()`` that is not asked for after all keeps its answer for that connection's
+        next ``recv()``, so no message is dropped. Announce nothing (or a connection of
+        another node) and the calls go one by one as before.
+        """
+        handles = []
+        for conn in conns:
+            if not isinstance(conn, ProcessConnection) or conn._transport is not self:
+                self._drain_plan = None
+                return
+            handles.append(conn._handle)
+        self._drain_plan = handles if len(set(handles)) == len(handles) else None
 
     def close(self) -> None:
         """Close the remote transport; the process returns to the pool (or is reaped).
@@ -558,6 +669,8 @@ class ProcessTransport:
         finally:
             if not self._worker.broken:
                 self._closed = True
+        self._announced.clear()
+        self._worker.forget_announced()
         _POOL.release(self._worker)
 
     # -- faults --------------------------------------------------------------------
@@ -606,6 +719,8 @@ class ProcessTransport:
         if self._closed:
             # Mirrors a closed transport: the remote one says so itself while it exists.
             raise RuntimeError(f"process node {self.local_id}: the transport is closed")
+        if self._announced:
+            self._drop_alive_reads()
         return self._worker.request(op, args, timeout=watchdog.default_limit() + _MARGIN_S)
 
     def _sequence(self, op: str, args: list[Any]) -> Any:
@@ -613,6 +728,59 @@ class ProcessTransport:
         if kind != "ok":
             return _NotASequence(value)
         return value
+
+    def _poll_drain(self, handles: list[int]) -> Any:
+        value, drains = self._worker.poll_drain(
+            handles, timeout=watchdog.default_limit() + _MARGIN_S)
+        self._announced = {("recv", handle): seq for handle, seq in drains.items()}
+        return value
+
+    def _answered(self, op: str, handle: int) -> Any:
+        """The announced answer of ``op`` on ``handle``, else :data:`SKIPPED`."""
+        seq = self._announced.pop((op, handle), None)
+        if seq is None or self._closed:
+            return SKIPPED
+        return self._worker.collect(seq, op, timeout=watchdog.default_limit() + _MARGIN_S)
+
+    def _recv(self, handle: int) -> Any:
+        answer = self._answered("recv", handle)
+        if answer is SKIPPED:
+            return self._sequence("recv", [handle])
+        kind, value = answer
+        return _NotASequence(value) if kind != "ok" else value
+
+    def _alive(self, handle: int) -> Any:
+        answer = self._answered("alive", handle)
+        if answer is SKIPPED:
+            return self._call("alive", [handle])
+        return answer
+
+    def read_alive_ahead(self, conns: list[Any]) -> None:
+        """The caller's next calls to this node are ``alive`` of each of ``conns`` in this
+        order (other calls in between drop what is announced and go one by one): the node
+        reads them all now, in that order, each under its own watchdog guard, in one
+        request; each ``alive`` here then hands over its own read. Nothing is announced
+        while an earlier announcement is still open, or if the node cannot be reached
+        (the calls then go one by one and report that themselves)."""
+        if self._announced or self._closed or not conns:
+            return
+        handles = []
+        for conn in conns:
+            if not isinstance(conn, ProcessConnection) or conn._transport is not self:
+                return
+            handles.append(conn._handle)
+        if len(set(handles)) != len(handles):
+            return
+        try:
+            self._announced = self._worker.announce([("alive", h) for h in handles])
+        except Exception:  # the node is gone or cannot be written to: the calls will say
+            self._announced = {}
+
+    def _drop_alive_reads(self) -> None:
+        """A call that was not announced: reads made ahead of it would be stale."""
+        stale = [key for key in self._announced if key[0] == "alive"]
+        if stale:
+            self._worker.abandon([self._announced.pop(key) for key in stale])
 
     def _proxy(self, handle: int, peer: str | None) -> ProcessConnection:
         found = self._conns.get(handle)
