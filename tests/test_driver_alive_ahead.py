@@ -10,10 +10,12 @@ bound, is not used, and that the request stream stays in step either way.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +91,19 @@ def test_a_reply_older_than_the_bound_is_not_used(pair: tuple[Connection, Connec
     time.sleep(p2p_driver.ALIVE_FRESH_S * 1.5)  # the bound itself is what is tested
     assert inbound.alive is True
     assert _calls(inbound) > before  # a fresh request, not the old reply
+
+
+def test_a_driver_runs_in_the_suites_session_and_its_own_process_group(
+    pair: tuple[Connection, Connection],
+) -> None:
+    """Where the kernel schedules by session (autogroup), a driver shares the suite's
+    CPU share, as an in-process implementation does, and the host-stall meter (a
+    child of the suite, in its session) samples the share the driver runs in. Its own
+    process group is what the end kills."""
+    out, _ = pair
+    pid = out.raw.pid
+    assert os.getsid(pid) == os.getsid(0)
+    assert os.getpgid(pid) == pid != os.getpgid(0)
+    mine, theirs = Path("/proc/self/autogroup"), Path(f"/proc/{pid}/autogroup")
+    if mine.exists() and theirs.exists():
+        assert theirs.read_text().split()[0] == mine.read_text().split()[0]
