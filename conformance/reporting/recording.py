@@ -158,7 +158,9 @@ class Recorder:
         }
         if not (state.results or state.opted_in or any(paths.values())):
             return
-        state.report = build.build_report(config, state)
+        interrupted = (exitstatus == pytest.ExitCode.INTERRUPTED
+                       or bool(session.shouldstop) or bool(session.shouldfail))
+        state.report = build.build_report(config, state, interrupted=interrupted)
         base = config.invocation_params.dir
         state.written = write_reports(
             state.report, **{k: (base / v if v else None) for k, v in paths.items()}
