@@ -94,8 +94,6 @@ EXIT_GRACE_S: Final = 2.0
 _MARGIN_S: Final = 2.0
 #: Idle processes kept per (command, contract).
 _POOL_MAX: Final = 8
-#: What :meth:`DriverProcess.collect` returns for a reply made stale by a later request.
-NOT_COLLECTED: Final = object()
 #: Lines of a dead driver's stderr quoted in its verdict.
 _TAIL_LINES: Final = 20
 _TAIL_BYTES: Final = 4000
@@ -248,7 +246,10 @@ class DriverProcess:
             self.calls = request_id
             frame = encode_frame({"id": request_id, "call": name, "handle": handle,
                                   "args": dict(args)})
-            allowed = self._allowed(limit)
+            allowed = watchdog.default_limit() if limit is None else limit
+            if watchdog.active():
+                # The guard names the call first; this deadline only ends an unguarded wait.
+                allowed = 3 * max(allowed, watchdog.default_limit())
             deadline = time.monotonic() + allowed + _MARGIN_S
             try:
                 self._send(frame, deadline)
@@ -259,64 +260,6 @@ class DriverProcess:
                 raise self._no_answer(what, allowed) from None
             except ProtocolError as exc:
                 raise self._broken(what, str(exc)) from None
-        return self._result(reply, what)
-
-    def send_ahead(self, handle: int, name: str, args: Mapping[str, Any]) -> int | None:
-        """Send a request now whose reply :meth:`collect` may read later; its id, or
-        ``None`` when nothing was sent (the process is in use by another thread, paused,
-        killed, crashed or ended, or its stdin is full).
-
-        For requests without effects on the implementation (p2p's ``alive_all``): the
-        suite sends one to each process it will read next, so their round trips overlap
-        instead of adding up. A reply nobody collects is dropped by the next call, as
-        a late reply is. Errors are left for that next call to find.
-        """
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            if (self.crash is not None or self.ended or self._outgoing
-                    or self.signalled in ("SIGSTOP", "SIGKILL")):
-                return None
-            request_id = next(self._ids)
-            frame = encode_frame({"id": request_id, "call": name, "handle": handle,
-                                  "args": dict(args)})
-            self.calls = request_id
-            with contextlib.suppress(_StreamEnded, _NoAnswer):
-                self._send(frame, time.monotonic())  # no wait: a full pipe keeps the rest
-            return request_id
-        finally:
-            self._lock.release()
-
-    def collect(self, request_id: int, *, what: str, limit: float | None = None) -> Any:
-        """The result of the request :meth:`send_ahead` sent as ``request_id``, as
-        :meth:`call` returns one (and raises as it does); :data:`NOT_COLLECTED` when
-        another request was sent to the process since, which made that reply stale."""
-        with self._lock:
-            if self.calls != request_id:
-                return NOT_COLLECTED
-            self._check_usable(what)
-            allowed = self._allowed(limit)
-            deadline = time.monotonic() + allowed + _MARGIN_S
-            try:
-                self._send(b"", deadline)  # what a full pipe kept back
-                reply = self._reply_to(request_id, deadline)
-            except _StreamEnded:
-                raise self._death(what) from None
-            except _NoAnswer:
-                raise self._no_answer(what, allowed) from None
-            except ProtocolError as exc:
-                raise self._broken(what, str(exc)) from None
-        return self._result(reply, what)
-
-    @staticmethod
-    def _allowed(limit: float | None) -> float:
-        allowed = watchdog.default_limit() if limit is None else limit
-        if watchdog.active():
-            # The guard names the call first; this deadline only ends an unguarded wait.
-            allowed = 3 * max(allowed, watchdog.default_limit())
-        return allowed
-
-    def _result(self, reply: dict[str, Any], what: str) -> Any:
         elapsed = reply.get("elapsed_ns")
         self._elapsed = (elapsed / 1e9 if isinstance(elapsed, int) and elapsed >= 0
                          else None)

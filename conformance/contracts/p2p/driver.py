@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import signal
 import time
-import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
 
@@ -212,8 +211,8 @@ class DriverConnection(Remote):
         self._drained_at = at
         self._alive_read = (at, time.monotonic(), alive)
 
-    def _alive_was(self, alive: Any, at: int, when: float) -> None:
-        self._alive_read = (at, when, alive)
+    def _alive_was(self, alive: Any, at: int) -> None:
+        self._alive_read = (at, time.monotonic(), alive)
 
 
 class DriverTransport(Remote):
@@ -229,7 +228,6 @@ class DriverTransport(Remote):
         self.port = port
         self._conns: dict[int, DriverConnection] = {}
         self._closed = False
-        _LIVE.add(self)
 
     def connect(self, peer_id: str) -> DriverConnection:
         return self._proxy(self._call("connect", {"peer_id": peer_id}))
@@ -260,73 +258,23 @@ class DriverTransport(Remote):
     def _read_alive(self) -> None:
         """``alive`` of every open connection of this transport in one round trip
         (``alive_all``, docs/drivers.md, section 5), for the reads that follow. A
-        connection whose ``alive`` raised is asked again by itself, to see the error.
-
-        A caller that reads ``alive`` of one node's connections usually reads the other
-        nodes' next (the cluster machine's invariant reads every connection after each
-        step). So before waiting for its own reply, this sends ``alive_all`` ahead to
-        the other live driver transports, and their next read takes that reply (when
-        nothing else was asked of that process since and it is at most
-        :data:`ALIVE_FRESH_S` old): the round trips overlap instead of adding up."""
+        connection whose ``alive`` raised is asked again by itself, to see the error."""
         if self._alive_one_by_one:
             return
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            request_id, sent, conns = ahead
-            if time.monotonic() - sent < ALIVE_FRESH_S:
-                got = self._collect_alive(request_id)
-                if got is not processes.NOT_COLLECTED:
-                    self._take_alive(conns, got, request_id, sent)
-                    return
-        conns = self._open_conns()
-        for other in list(_LIVE):
-            if other is not self:
-                other._send_alive_ahead()
+        conns = [(h, c) for h, c in self._conns.items() if not c.closed]
         try:
             got = self._call("alive_all", {"connections": [h for h, _ in conns]})
         except NotImplementedError:
             self._alive_one_by_one = True
             return
-        self._take_alive(conns, got, self._process.calls, time.monotonic())
-
-    #: ``(request id, time.monotonic() when sent, connections asked)`` of an ``alive_all``
-    #: sent ahead (:meth:`_read_alive`) and not read yet.
-    _ahead: tuple[int, float, list[tuple[int, DriverConnection]]] | None = None
-
-    def _open_conns(self) -> list[tuple[int, DriverConnection]]:
-        return [(h, c) for h, c in self._conns.items() if not c.closed]
-
-    def _send_alive_ahead(self) -> None:
-        conns = self._open_conns()
-        if self._closed or self._alive_one_by_one or not conns:
-            return
-        at = self._process.calls
-        if any(c._drained_at == at for _, c in conns) or all(c._alive_current()
-                                                             for _, c in conns):
-            return  # a request now would cost what a poll_drain saved, or gain nothing
-        sent = time.monotonic()
-        request_id = self._process.send_ahead(
-            self._handle, "alive_all", {"connections": [h for h, _ in conns]})
-        if request_id is not None:
-            self._ahead = (request_id, sent, conns)
-
-    def _collect_alive(self, request_id: int) -> Any:
-        try:
-            return self._process.collect(request_id, what=f"alive_all() on {self._name}")
-        except DriverReplyError as error:
-            if error.kind == "unsupported":
-                self._alive_one_by_one = True
-            return processes.NOT_COLLECTED  # asked again, plainly, to see the error
-
-    def _take_alive(self, conns: list[tuple[int, DriverConnection]], got: Any,
-                    at: int, when: float) -> None:
         if not isinstance(got, list) or len(got) != len(conns):
             raise processes.DriverCrashed(
                 f"alive_all() on {self._name}: {self._process.label} answered {got!r:.120}, "
                 f"not an array of {len(conns)} booleans (or nil) in the order asked")
+        at = self._process.calls
         for (_, conn), alive in zip(conns, got, strict=True):
             if alive is not None:
-                conn._alive_was(alive, at, when)
+                conn._alive_was(alive, at)
 
     def _take_drain(self, result: Any) -> Any:
         if not isinstance(result, Mapping) or not isinstance(result.get("new"), list):
@@ -346,7 +294,6 @@ class DriverTransport(Remote):
         :class:`~conformance.contracts.p2p.process_nodes.ProcessTransport` is)."""
         if self._closed:
             return
-        _LIVE.discard(self)
         self._closing("close")
         self._closed = True
 
@@ -390,11 +337,6 @@ class DriverTransport(Remote):
         if found is None:
             found = self._conns[handle] = DriverConnection(self, handle, entry.get("peer_id"))
         return found
-
-
-#: The driver transports not closed yet, to which :meth:`DriverTransport._read_alive`
-#: sends ``alive_all`` ahead.
-_LIVE: weakref.WeakSet[DriverTransport] = weakref.WeakSet()
 
 
 class TransportService(Service):
