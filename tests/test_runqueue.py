@@ -70,7 +70,7 @@ def test_an_unqueued_wait_ends_at_its_timeout_and_never_past_the_stretch_limit()
 def test_a_deadline_that_is_never_checked_late_does_not_read_proc() -> None:
     deadline = OwnDeadline(60.0)
     assert not deadline.expired()
-    assert deadline._delay is None  # a quick success costs one clock read
+    assert deadline._delays is None  # a quick success costs one clock read
 
 
 def test_a_bound_summed_over_round_trips_is_void_when_a_worker_process_waited_that_long(
