@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from conformance.errors import CallBlocked, HostStalled
-from conformance.supervision.runqueue import HostDelay
+from conformance.supervision.runqueue import HostDelay, working_pids
 
 __all__ = ["PERIOD_S", "REPORTED_LATENESS_S", "excused", "meter_pid", "running", "stall_ms",
            "start", "stolen_ms",
@@ -218,7 +218,8 @@ def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False,
     timeout - interval: a correct transport may declare a starved connection dead").
     With ``in_all`` the stalls are summed (:func:`stolen_ms`): for a bound that many
     short round trips must fit in, where no single stall need be long. A sum is also
-    read from the processes doing the work, this one and ``pids`` (node processes):
+    read from the processes doing the work, this one, driver processes and ``pids``
+    (node processes):
     the longest run-queue wait of any one of their threads
     (:class:`~conformance.supervision.runqueue.HostDelay`). The meter, which sleeps
     between samples, is woken promptly on a busy host while processes that compute
@@ -230,7 +231,7 @@ def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False,
     """
     start()
     since = time.monotonic()
-    queues = [HostDelay(pid) for pid in (os.getpid(), *pids)] if in_all else []
+    queues = [HostDelay(pid) for pid in (*working_pids(), *pids)] if in_all else []
     try:
         yield
     except CallBlocked:

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["HostDelay", "OwnDeadline", "add_pid_source"]
+__all__ = ["HostDelay", "OwnDeadline", "add_pid_source", "working_pids"]
 
 #: An :class:`OwnDeadline` never stretches past this many times its timeout.
 MAX_STRETCH = 10
@@ -41,7 +41,8 @@ def add_pid_source(source: Callable[[], Iterable[int]]) -> None:
         _pid_sources.append(source)
 
 
-def _working_pids() -> list[int]:
+def working_pids() -> list[int]:
+    """This process and those the sources of :func:`add_pid_source` name now."""
     pids = [os.getpid()]
     for source in _pid_sources:
         pids.extend(source())
@@ -105,7 +106,7 @@ class OwnDeadline:
         """True once ``timeout`` seconds of own time (or the stretch limit) have passed."""
         now = time.monotonic()
         if self._delays is None and now >= self._count_from:
-            self._delays = [HostDelay(pid) for pid in _working_pids()]
+            self._delays = [HostDelay(pid) for pid in working_pids()]
         if now < self._due:
             return False
         if now >= self._last or self._delays is None:
