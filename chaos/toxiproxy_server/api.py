@@ -50,8 +50,11 @@ VERSION = "2.12.0-zmq-conformance-embedded"
 _JSON = [("Content-Type", "application/json")]
 _TEXT = [("Content-Type", "text/plain; charset=utf-8"), ("X-Content-Type-Options", "nosniff")]
 
-#: A matched route's handler: the collection, the path's variables, the request.
-RouteHandler = Callable[[ProxyCollection, dict[str, str], Request], Awaitable[Response]]
+#: A matched route's handler: the collection, the path's variables, the request. Those
+#: that change listeners (create, update, delete, populate, reset) are coroutines.
+RouteHandler = Callable[
+    [ProxyCollection, dict[str, str], Request], "Response | Awaitable[Response]"
+]
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -95,14 +98,14 @@ def _object(body: object) -> dict[str, object]:
     return body
 
 
-async def _version(
+def _version(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     body = f'{{"version": {gojson.dumps(VERSION).decode()}}}\n'.encode()
     return Response(200, [("Content-Type", "application/json;charset=utf-8")], body)
 
 
-async def _proxy_index(
+def _proxy_index(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     proxies = sorted(collection.all(), key=lambda p: p.name)  # a Go map
@@ -157,7 +160,7 @@ def _populate_specs(body: object) -> list[tuple[str, str, str, bool]]:
     return specs
 
 
-async def _proxy_show(
+def _proxy_show(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     return _json(collection.get(params["proxy"]).to_json())
@@ -183,14 +186,14 @@ async def _proxy_delete(
     return Response(204)
 
 
-async def _toxic_index(
+def _toxic_index(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     proxy = collection.get(params["proxy"])
     return _json([t.to_json() for t in proxy.toxics()])
 
 
-async def _toxic_create(
+def _toxic_create(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     proxy = collection.get(params["proxy"])
@@ -199,14 +202,14 @@ async def _toxic_create(
     return _json(toxic.to_json())
 
 
-async def _toxic_show(
+def _toxic_show(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     proxy = collection.get(params["proxy"])
     return _json(proxy.get_toxic(params["toxic"]).to_json())
 
 
-async def _toxic_update(
+def _toxic_update(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     proxy = collection.get(params["proxy"])
@@ -216,7 +219,7 @@ async def _toxic_update(
     return _json(updated.to_json())
 
 
-async def _toxic_delete(
+def _toxic_delete(
     collection: ProxyCollection, params: dict[str, str], request: Request
 ) -> Response:
     proxy = collection.get(params["proxy"])
@@ -285,15 +288,21 @@ def _clean(path: str) -> str:
 
 
 class Api:
-    """The toxiproxy API over ``collection``: one request in, one answer out."""
+    """The toxiproxy API over ``collection``: one request in, one answer out.
+
+    Handlers run one at a time: a handler that needs no waiting answers at
+    once, unless a coroutine handler is running or waiting, in which case it
+    queues behind it on the lock, so that no call sees another half done.
+    """
 
     def __init__(self, collection: ProxyCollection) -> None:
         self._collection = collection
         self._lock = asyncio.Lock()
+        self._in_flight = 0
 
-    async def __call__(self, request: Request) -> Response:
+    def __call__(self, request: Request) -> Response | Awaitable[Response]:
         raw_path, _, query = request.target.partition("?")
-        path = urllib.parse.unquote(raw_path)
+        path = urllib.parse.unquote(raw_path) if "%" in raw_path else raw_path
         cleaned = _clean(path)
         if cleaned != path:
             location = urllib.parse.quote(cleaned) + (f"?{query}" if query else "")
@@ -307,8 +316,28 @@ class Api:
             return Response(405)
         if request.headers.get("user-agent", "").startswith("Mozilla/"):
             return _http_error("User agent not allowed", 403)
+        if self._in_flight or asyncio.iscoroutinefunction(handler):
+            return self._locked(handler, params, request)
+        try:
+            answer = handler(self._collection, params, request)
+        except ApiError as exc:
+            return _error(exc)
+        assert isinstance(answer, Response)
+        return answer
+
+    async def _locked(
+        self, handler: RouteHandler, params: dict[str, str], request: Request
+    ) -> Response:
+        self._in_flight += 1  # from its first step on: sync calls queue behind it
         try:
             async with self._lock:
-                return await handler(self._collection, params, request)
+                answer = handler(self._collection, params, request)
+                return answer if isinstance(answer, Response) else await answer
         except ApiError as exc:
-            return _http_error(gojson.dumps(exc.to_json()).decode(), exc.status)
+            return _error(exc)
+        finally:
+            self._in_flight -= 1
+
+
+def _error(exc: ApiError) -> Response:
+    return _http_error(gojson.dumps(exc.to_json()).decode(), exc.status)

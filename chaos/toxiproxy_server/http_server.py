@@ -76,7 +76,9 @@ class Response:
     body: bytes = b""
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+#: Answers a request: at once (a ``Response``), or later (an awaitable of one), so that
+#: the calls that need no waiting cost no task.
+Handler = Callable[[Request], "Response | Awaitable[Response]"]
 
 
 class _BadRequest(Exception):
@@ -235,8 +237,8 @@ class HttpProtocol(asyncio.Protocol):
             self._buffer.clear()
             self._queue.append(exc)
             self._closing = True  # nothing after a bad request is read
-        if self._queue and self._serving is None:
-            self._serving = asyncio.get_running_loop().create_task(self._serve())
+        if self._serving is None:
+            self._serve_now()
 
     def _parse_one(self) -> bool:
         """Move one complete request from the buffer to the queue; False if incomplete."""
@@ -276,31 +278,63 @@ class HttpProtocol(asyncio.Protocol):
             self._continued = True
             self._transport.write(f"{request.version} 100 Continue\r\n\r\n".encode("latin-1"))
 
-    async def _serve(self) -> None:
+    def _serve_now(self) -> None:
+        """Answer queued requests in order; the first one whose answer must be awaited
+        goes to a task, with every request after it."""
+        while self._queue and self._transport is not None:
+            item = self._queue.popleft()
+            if isinstance(item, _BadRequest):
+                self._refuse(item)
+                return
+            answer = self._call(item)
+            if isinstance(answer, Response):
+                self._answer(item, answer)
+                continue
+            self._serving = asyncio.get_running_loop().create_task(self._serve(item, answer))
+            return
+
+    async def _serve(self, first: Request, pending: Awaitable[Response]) -> None:
         try:
+            self._answer(first, await self._awaited(first, pending))
             while self._queue and self._transport is not None:
                 item = self._queue.popleft()
                 if isinstance(item, _BadRequest):
-                    body = item.text.encode("latin-1")
-                    self._transport.write(
-                        f"HTTP/1.1 {item.text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                        f"Connection: close\r\n\r\n".encode("latin-1") + body)
-                    self._transport.close()
+                    self._refuse(item)
                     return
-                self._answer(item, await self._run(item))
+                answer = self._call(item)
+                if not isinstance(answer, Response):
+                    answer = await self._awaited(item, answer)
+                self._answer(item, answer)
         finally:
             self._serving = None
 
-    async def _run(self, request: Request) -> Response:
+    def _refuse(self, bad: _BadRequest) -> None:
+        assert self._transport is not None
+        self._transport.write(
+            f"HTTP/1.1 {bad.text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Connection: close\r\n\r\n{bad.text}".encode("latin-1"))
+        self._transport.close()
+
+    def _call(self, request: Request) -> Response | Awaitable[Response]:
         try:
-            return await self._handler(request)
+            return self._handler(request)
+        except Exception:
+            return self._failed(request)
+
+    async def _awaited(self, request: Request, pending: Awaitable[Response]) -> Response:
+        try:
+            return await pending
         except asyncio.CancelledError:
             raise
         except Exception:
-            _log.exception("%s %s failed", request.method, request.target)
-            return Response(500, [("Content-Type", "text/plain; charset=utf-8"),
-                                  ("X-Content-Type-Options", "nosniff")],
-                            b"Internal Server Error\n")
+            return self._failed(request)
+
+    @staticmethod
+    def _failed(request: Request) -> Response:
+        _log.exception("%s %s failed", request.method, request.target)
+        return Response(500, [("Content-Type", "text/plain; charset=utf-8"),
+                              ("X-Content-Type-Options", "nosniff")],
+                        b"Internal Server Error\n")
 
     def _answer(self, request: Request, response: Response) -> None:
         transport = self._transport
