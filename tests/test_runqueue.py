@@ -93,3 +93,40 @@ def test_a_bound_summed_over_round_trips_is_void_when_a_worker_process_waited_th
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+_GUARDED = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    from conformance.errors import CallBlocked
+    from conformance.supervision import watchdog
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    os.sched_setaffinity(hog.pid, {cpu})
+    time.sleep(0.2)
+    out = {}
+    def compute(cpu_s):
+        start = time.thread_time()
+        while time.thread_time() - start < cpu_s:
+            pass
+    for name, body in (("computes", lambda: compute(0.4)), ("sleeps", lambda: time.sleep(1.5))):
+        try:
+            with watchdog.guard(name, 0.6):
+                body()
+            out[name] = "returned"
+        except CallBlocked:
+            out[name] = "blocked"
+    hog.kill()
+    hog.wait()
+    print(json.dumps(out))
+""")
+
+
+def test_a_call_that_waits_for_a_cpu_is_not_blocked_and_one_that_sleeps_is() -> None:
+    """The watchdog credits the calling thread's run-queue wait: 0.4 s of work behind a hog
+    on one CPU takes about 0.8 s of wall time, past the 0.6 s limit, and is no block; a
+    call that sleeps 1.5 s is not runnable, gains no credit, and is blocked."""
+    out = subprocess.run([sys.executable, "-c", _GUARDED], capture_output=True, text=True,
+                         timeout=60, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert json.loads(out.stdout) == {"computes": "returned", "sleeps": "blocked"}, out.stderr
