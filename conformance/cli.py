@@ -9,9 +9,10 @@ verdicts come back through the JSON report, which the CLI always asks for
 (a temporary file when ``--json`` is not given).
 
 The suite runs in pytest-xdist workers (``-n``, default
-:data:`DEFAULT_WORKERS`) even when one would do: a worker that hangs beyond
-the stall limit or dies of a signal is replaced and its test reported
-``blocked`` or ``crashed``, so every clause still gets its verdict. The
+:meth:`conformance.contract.Contract.default_workers`) even when one would
+do: a worker that hangs beyond the stall limit or dies of a signal is
+replaced and its test reported ``blocked`` or ``crashed``, so every clause
+still gets its verdict. The
 number of worker restarts is bounded generously (:data:`MAX_WORKER_RESTARTS`),
 enough for a transport that kills its worker in every test.
 

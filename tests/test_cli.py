@@ -53,6 +53,8 @@ def test_passing_run_exits_0_and_writes_every_report(project: Path) -> None:
     assert verdicts(data)["MSG-5"] == "passed"
     assert len(junit_cases(project / "r.xml")) == len(CONTRACTS["p2p"].clauses)
     assert "**PASS**" in (project / "r.md").read_text()
+    # The CLI's own flag, not the pytest option behind it.
+    assert "chaos clauses not run: use --chaos)" in result.stdout, _out(result)
 
 
 def test_failing_run_exits_1_and_its_replay_command_reproduces(project: Path) -> None:

@@ -15,6 +15,7 @@ from plugin_project import junit_cases, load_json, make_project, run_pytest, ver
 from conformance.config.loading import DEFAULT_TRANSPORT, ENV_TRANSPORT
 from conformance.config.selection import choose_transport, suite_paths
 from conformance.contracts.p2p.clauses import CLAUSES
+from conformance.reporting.build import INTERRUPTED_REASON
 from conformance.reporting.verdicts import CHAOS_REASON, NO_TEST_REASON
 
 TINY = ("--zmq-conformance-only", "--zmq-suite", "tiny_suite")
@@ -93,6 +94,21 @@ def test_reports_are_per_clause_and_correct_under_xdist(project: Path) -> None:
     assert len(rows) == len(CLAUSES)
     assert "n=10" in markdown and "zmq-conformance run --transport fakes:Broken" in markdown
     assert "FAILED   MSG-1" in result.stdout  # terminal per-clause summary
+
+
+def test_a_run_stopped_early_says_so_for_the_clauses_it_did_not_reach(project: Path) -> None:
+    """``-x`` (like Ctrl-C) ends the session before every test ran: a clause left
+    without a test is "not run", never "no test collected" (that would claim the
+    suite has no test for it)."""
+    result = run_pytest(project, *TINY, "--zmq-transport", "fakes:Broken", "-x",
+                        "--zmq-report-json", "out/r.json")
+    assert result.returncode == 1, _out(result)
+    data = load_json(project / "out" / "r.json")
+    reasons = {cid: c.get("reason") for cid, c in data["clauses"].items()
+               if c["verdict"] == "skipped"}
+    assert INTERRUPTED_REASON in reasons.values(), reasons
+    assert NO_TEST_REASON not in reasons.values(), reasons
+    assert "failed" in verdicts(data).values()
 
 
 def test_fixture_override_beats_the_command_line(project: Path) -> None:

@@ -26,15 +26,12 @@ from conformance.errors import ConfigError
 from conformance.supervision import postmortem
 
 __all__ = [
-    "DEFAULT_WORKERS", "MAX_WORKER_RESTARTS", "PLUGIN_MODULE", "add_run_options",
+    "MAX_WORKER_RESTARTS", "PLUGIN_MODULE", "add_run_options",
     "lean_plugins", "output_args", "parse_run", "plugin_autoloaded", "pytest_args",
 ]
 
 #: The plugin, named for ``-p`` when its entry point is not loaded.
 PLUGIN_MODULE: Final = "conformance.plugin"
-#: Workers of a run: two keep a 2-core machine busy, and a crash costs one
-#: worker while the other goes on.
-DEFAULT_WORKERS: Final = "2"
 #: Crashed workers replaced before xdist gives up (it then skips what is left).
 MAX_WORKER_RESTARTS: Final = 300
 
@@ -62,10 +59,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--xfail-file", metavar="PATH",
                         help="expected failures ('CLAUSE-ID: reason' or 'test-id: reason' lines)")
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR")
-    parser.add_argument("-n", dest="numprocesses", metavar="N", default=DEFAULT_WORKERS,
+    parser.add_argument("-n", dest="numprocesses", metavar="N", default=None,
                         help="run in N worker processes (pytest-xdist; 'auto' for one per CPU; "
-                             f"default {DEFAULT_WORKERS}); 0 runs in one process, where a crash "
-                             "or hang ends the run without a report")
+                             "default: two per CPU for p2p, whose tests mostly wait, one per "
+                             "CPU for the others, at least 2 and at most 8); 0 runs in one "
+                             "process, where a crash or hang ends the run without a report")
     parser.add_argument("--stall-limit", metavar="SECONDS", type=float, default=None,
                         help="a test that starts no call into the implementation for this long is "
                              "hung: its worker is ended and the test reported blocked "
@@ -101,6 +99,13 @@ def parse_run(argv: Sequence[str]) -> argparse.Namespace:
                                      "pytest.")
     add_run_options(parser)
     return parser.parse_args(list(argv))
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def pytest_args(
@@ -149,7 +154,8 @@ def pytest_args(
         if not Path(path).exists():
             raise ConfigError(f"--suite={path!r}: no such file or directory")
         out += ["--zmq-suite", path]
-    workers = str(args.numprocesses)
+    workers = (str(contract.default_workers(_usable_cpus()))
+               if args.numprocesses is None else str(args.numprocesses))
     if workers != "auto" and not workers.isdigit():
         raise ConfigError(f"-n {workers!r}: expected a number of workers or 'auto'")
     if workers != "0":

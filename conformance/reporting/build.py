@@ -12,11 +12,16 @@ from conformance.config.session import State
 from conformance.errors import ConfigError, is_run_error
 from conformance.reporting.verdicts import NO_TEST_REASON, ReplayContext, RunReport, aggregate
 
-__all__ = ["build_report"]
+__all__ = ["INTERRUPTED_REASON", "build_report"]
+
+#: Why a clause has no verdict when the run stopped early (Ctrl-C, SIGTERM, ``-x``):
+#: "no test collected" would claim the suite has no test for it.
+INTERRUPTED_REASON = "not run: the run was interrupted"
 
 
-def build_report(config: pytest.Config, state: State) -> RunReport:
-    """The per-clause :class:`RunReport` of this session."""
+def build_report(config: pytest.Config, state: State, *, interrupted: bool = False) -> RunReport:
+    """The per-clause :class:`RunReport` of this session; ``interrupted`` when the session
+    stopped before every collected test ran."""
     transport = state.fixture_transport or state.transport
     if transport is None:
         try:
@@ -33,7 +38,12 @@ def build_report(config: pytest.Config, state: State) -> RunReport:
         for flag, expr in (("-k", config.option.keyword), ("-m", config.option.markexpr))
         if expr
     ]
-    no_test = f"no test selected ({', '.join(narrowed)})" if narrowed else NO_TEST_REASON
+    if interrupted:
+        no_test = INTERRUPTED_REASON
+    elif narrowed:
+        no_test = f"no test selected ({', '.join(narrowed)})"
+    else:
+        no_test = NO_TEST_REASON
     verdicts = aggregate(
         state.results.values(), context=context, chaos_enabled=state.chaos,
         clauses=contracts.CONTRACTS[state.contract].clauses, no_test_reason=no_test,

@@ -158,7 +158,9 @@ class Recorder:
         }
         if not (state.results or state.opted_in or any(paths.values())):
             return
-        state.report = build.build_report(config, state)
+        interrupted = (exitstatus == pytest.ExitCode.INTERRUPTED
+                       or bool(session.shouldstop) or bool(session.shouldfail))
+        state.report = build.build_report(config, state, interrupted=interrupted)
         base = config.invocation_params.dir
         state.written = write_reports(
             state.report, **{k: (base / v if v else None) for k, v in paths.items()}
@@ -171,7 +173,12 @@ class Recorder:
         state = self.state
         if state.report is None or not (state.results or state.opted_in):
             return
-        summary.write_summary(terminalreporter, state.report, state.written)
+        # The CLI's own output (run_args.output_args) sets the progress mode: its user
+        # types --chaos, not the plugin's --zmq-chaos.
+        cli = self.config.getoption("zmq_progress", "off") != "off"
+        chaos_flag = "--chaos" if cli else "--zmq-chaos"
+        summary.write_summary(terminalreporter, state.report, state.written,
+                              chaos_flag=chaos_flag)
 
 
 def _skip_reason(report: pytest.TestReport) -> str | None:

@@ -12,8 +12,10 @@ from conformance.reporting.verdicts import CHAOS_REASON, FAILING, NO_TEST_REASON
 __all__ = ["write_summary"]
 
 
-def write_summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
-    """A short per-clause block at the end of the terminal output."""
+def write_summary(tr: Any, report: RunReport, written: Sequence[Path], *,
+                  chaos_flag: str = "--zmq-chaos") -> None:
+    """A short per-clause block at the end of the terminal output; ``chaos_flag`` is the
+    option that adds the chaos clauses where the user runs the suite."""
     seed = "random" if report.seed is None else report.seed
     tr.section(f"zmq-conformance: contract {report.contract}, {report.transport} "
                f"(profile {report.profile}, seed {seed})")
@@ -38,7 +40,7 @@ def write_summary(tr: Any, report: RunReport, written: Sequence[Path]) -> None:
     for reason, ids in untested.items():
         tr.write_line(f"SKIPPED  {reason}: {', '.join(ids)}", yellow=True)
     counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
-    extra = f" ({chaos_skipped} chaos clauses not run: use --zmq-chaos)" if chaos_skipped else ""
+    extra = f" ({chaos_skipped} chaos clauses not run: use {chaos_flag})" if chaos_skipped else ""
     tr.write_line(f"clauses: {counts}{extra}", bold=True)
     for path in written:
         tr.write_line(f"report written: {os.fspath(path)}")

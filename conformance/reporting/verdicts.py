@@ -12,7 +12,8 @@ pass (``xpassed``, the expected-failure list is stale) outranks passes, and a
 clause is ``passed`` only if a test of it passed and none failed. A clause
 that no test checked is ``skipped`` with the reason ``"no test collected"``:
 a clause is never passed without evidence. Chaos clauses that did not run
-are ``skipped`` with ``"chaos clauses run with --chaos"``.
+are ``skipped`` with ``"chaos clauses run with --chaos"``, and clauses a run
+stopped before (Ctrl-C, ``-x``) with ``"not run: the run was interrupted"``.
 
 ``crashed``: the process running the test died (a fatal signal such as
 ``SIGABRT`` or ``SIGSEGV``); ``blocked``: a call did not return within the

@@ -44,14 +44,15 @@ interrupted this way; pyzmq and the standard library do check.
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, ParamSpec, TypeVar
+from types import FrameType, TracebackType
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from conformance.errors import CallBlocked
 from conformance.supervision import host_stall
@@ -76,6 +77,12 @@ _MIN_TIMER_S = 1e-4
 _MIN_CREDIT_S = 0.02
 
 _default_limit_s = _DEFAULT_LIMIT_S
+_HAS_TIMER = hasattr(signal, "setitimer")
+_SIGALRM = int(getattr(signal, "SIGALRM", 14))
+#: The C ``signal()`` that :func:`signal.signal` wraps: the wrapper converts handlers to
+#: and from enums in Python, 40 % of a guarded call's cost.
+_set_handler: Callable[[int, Any], Any] = importlib.import_module("_signal").signal
+_SIG_DFL = int(signal.SIG_DFL)
 
 
 @dataclass
@@ -168,58 +175,75 @@ def note_block() -> None:
 
 def active() -> bool:
     """True when guards in this thread can interrupt a call (main thread, Unix)."""
-    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    return _HAS_TIMER and threading.current_thread() is threading.main_thread()
 
 
-@contextmanager
-def guard(call: str, limit: float | None = None) -> Iterator[None]:
+def guard(call: str, limit: float | None = None) -> _Guarded:
     """Run the body with a watchdog; raise ``CallBlocked(call, limit)`` if it overruns.
 
     ``call`` names the call in the verdict, e.g. ``"send() on 127.0.0.1:4000"``.
     ``limit`` defaults to :func:`default_limit`. Outside the main thread the
     body runs unguarded.
     """
-    full = _default_limit_s if limit is None else float(limit)
-    if not full > 0:
-        raise ValueError(f"watchdog limit must be positive, got {limit!r}")
-    seconds = min(full, AFTER_BLOCK_LIMIT_S) if _blocked_in_test else full
-    if _progress is not None:
-        _progress()
-    if not active():
-        yield
-        return
-    now = time.monotonic()
-    entry = _Guard(call, seconds, now + seconds, full, started=now)
-    if not _stack:
-        _install()
-    _stack.append(entry)
-    _arm()
-    try:
-        yield
-    finally:
-        _stack.remove(entry)
-        if _stack:
-            _arm()
-        else:
-            _uninstall()
+    return _Guarded(call, _default_limit_s if limit is None else float(limit))
+
+
+class _Guarded:
+    """The context manager :func:`guard` returns (a class, not a generator: every call
+    into the implementation goes through one, thousands per test)."""
+
+    __slots__ = ("_call", "_entry", "_full")
+
+    def __init__(self, call: str, full: float) -> None:
+        if not full > 0:
+            raise ValueError(f"watchdog limit must be positive, got {full!r}")
+        self._call = call
+        self._full = full
+        self._entry: _Guard | None = None
+
+    def __enter__(self) -> None:
+        full = self._full
+        seconds = min(full, AFTER_BLOCK_LIMIT_S) if _blocked_in_test else full
+        if _progress is not None:
+            _progress()
+        if not active():
+            return
+        now = time.monotonic()
+        entry = _Guard(self._call, seconds, now + seconds, full, started=now)
+        if not _stack:
+            _install()
+        _stack.append(entry)
+        self._entry = entry
+        _arm()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            _stack.remove(entry)
+            if _stack:
+                _arm()
+            else:
+                _uninstall()
+        return False
 
 
 def call(what: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """``fn(*args, **kwargs)`` under :func:`guard` with the default limit."""
-    with guard(what):
+    with _Guarded(what, _default_limit_s):
         return fn(*args, **kwargs)
 
 
 def _install() -> None:
     global _saved_handler, _saved_timer, _saved_at
-    _saved_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    _saved_handler = _set_handler(_SIGALRM, _on_alarm)
     _saved_timer = signal.setitimer(signal.ITIMER_REAL, 0)
     _saved_at = time.monotonic()
 
 
 def _uninstall() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, _saved_handler if _saved_handler is not None else signal.SIG_DFL)
+    _set_handler(_SIGALRM, _saved_handler if _saved_handler is not None else _SIG_DFL)
     delay, interval = _saved_timer
     if delay > 0:
         remaining = delay - (time.monotonic() - _saved_at)

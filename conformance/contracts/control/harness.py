@@ -46,6 +46,7 @@ from conformance.contracts.control.wire import PROFILES, Reply, WireProfile
 from conformance.drivers.behaviours import StandardHandler
 from conformance.errors import CallBlocked, RunError
 from conformance.supervision import host_stall, watchdog
+from conformance.supervision.runqueue import OwnDeadline
 from conformance.testing.credentials import SuiteCredentials
 from conformance.testing.net import HOST, free_port, is_address_in_use
 
@@ -695,16 +696,17 @@ class Rig:
 
     def wait_until(self, condition: Callable[[], T], *, what: str, timeout: float,
                    tick: Iterable[Client] = ()) -> T:
-        """Tick ``tick`` and check the server until ``condition()`` holds; fail naming ``what``."""
+        """Tick ``tick`` and check the server until ``condition()`` holds; fail naming ``what``
+        after ``timeout`` seconds of own time (:class:`.runqueue.OwnDeadline`)."""
         clients = list(tick)
-        deadline = time.monotonic() + timeout
+        deadline = OwnDeadline(timeout)
         while True:
             self.check()
             watchdog.progress()
             result = condition()
             if result:
                 return result
-            if time.monotonic() >= deadline:
+            if deadline.expired():
                 # A clause named at the start of ``what`` leads the message (the verdict
                 # blames the clause a message starts with).
                 clause, sep, rest = what.partition(": ")

@@ -22,6 +22,7 @@ CONTRACTS: Final = (
         make_spec="conformance.contracts.p2p.spec:make_spec",
         capabilities="conformance.contracts.p2p.spec:Capabilities",
         factory_shape="factory(local_id: str, host: str, port: int)",
+        workers_per_cpu=2,
         probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
         nodes="conformance.contracts.p2p.process_nodes:nodes_spec",
         driver="conformance.contracts.p2p.driver:TransportFactory",

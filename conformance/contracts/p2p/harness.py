@@ -51,6 +51,7 @@ from hypothesis.control import currently_in_test_context
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked
 from conformance.supervision import cleanup, host_stall, watchdog
+from conformance.supervision.runqueue import OwnDeadline
 from conformance.testing.credentials import SuiteCredentials
 from conformance.testing.net import HOST, free_port, is_address_in_use
 
@@ -169,19 +170,21 @@ def wait_until(
 
     The condition is checked first, then each open node is polled (through
     the watchdog), with a 1 ms pause per round. When ``timeout`` seconds pass
-    without success, raises ``AssertionError("timed out after ...: <what>")``.
+    without success, raises ``AssertionError("timed out after ...: <what>")``;
+    the seconds are the process's own (:class:`~conformance.supervision.runqueue.OwnDeadline`:
+    time the host kept its threads in the run queue is added back).
     ``timeout`` defaults to :data:`DEFAULT_WAIT_S`, or :data:`PROPERTY_WAIT_S`
     inside a Hypothesis example.
     Never sleeps for a fixed time and never hangs.
     """
     node_list = list(nodes)
     timeout = _resolve(timeout)
-    deadline = time.monotonic() + timeout
+    deadline = OwnDeadline(timeout)
     while True:
         result = condition()
         if result:
             return result
-        if time.monotonic() >= deadline:
+        if deadline.expired():
             raise AssertionError(f"timed out after {timeout:.1f} s waiting for: {what}")
         for node in node_list:
             if not node.closed:
@@ -430,6 +433,7 @@ class Node:
 
     def __init__(self, name: str, *, host: str, port: int, local_id: str, transport: Any) -> None:
         self.name = name
+        self._poll_call = f"{name}.poll()"
         self.host = host
         self.port = port
         self.local_id = local_id
@@ -452,9 +456,11 @@ class Node:
 
     def poll(self) -> list[Connection]:
         """``transport.poll()`` (guarded); records and returns the new inbound connections."""
-        with watchdog.guard(f"{self.name}.poll()"):
+        with watchdog.guard(self._poll_call):
             result = self.transport.poll()
         self.polls += 1
+        if result.__class__ is list and not result:  # the common answer, checked cheaply
+            return []
         if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
             raise AssertionError(
                 f"{self.name}.poll() returned {type(result).__name__}, "

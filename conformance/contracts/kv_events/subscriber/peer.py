@@ -28,6 +28,7 @@ import zmq
 from conformance.config.loading import accepts, takes
 from conformance.errors import CallBlocked, ConfigError
 from conformance.supervision import watchdog
+from conformance.supervision.runqueue import OwnDeadline
 from reference_impl.kv_events.schema import (
     AllBlocksCleared,
     BlockRemoved,
@@ -417,10 +418,11 @@ class Session:
 
     def drive_until(self, condition: Callable[[], object], *, timeout: float,
                     what: str) -> None:
-        """Alternate poll() and the fake until ``condition()`` holds; fail at ``timeout``."""
-        deadline = time.monotonic() + timeout
+        """Alternate poll() and the fake until ``condition()`` holds; fail at ``timeout``
+        seconds of own time (:class:`~conformance.supervision.runqueue.OwnDeadline`)."""
+        deadline = OwnDeadline(timeout)
         while not condition():
-            if time.monotonic() >= deadline:
+            if deadline.expired():
                 seqs = self.seqs()
                 shown = str(seqs) if len(seqs) <= 40 else (
                     f"{seqs[:20]} ... {seqs[-20:]} ({len(seqs)} in all)")

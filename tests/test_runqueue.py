@@ -1,0 +1,70 @@
+"""OwnDeadline: a wait counts the process's own time, not the host's run queue.
+
+Each case runs in a child pinned to one CPU, so the host's queue is made on
+purpose: a CPU hog pinned beside it, or not. The child's waiting loop spins
+(always runnable), so the time it spends queued behind the hog is real
+run-queue delay in ``/proc/self/task/*/schedstat``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conformance.supervision.runqueue import MAX_STRETCH, OwnDeadline
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
+    or not hasattr(os, "sched_setaffinity"),
+    reason="needs Linux schedstat and CPU affinity")
+
+_CHILD = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    from conformance.supervision.runqueue import OwnDeadline
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    hog = None
+    if sys.argv[1] == "hog":
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        os.sched_setaffinity(hog.pid, {cpu})
+    timeout = float(sys.argv[2])
+    deadline = OwnDeadline(timeout)
+    start = time.monotonic()
+    while not deadline.expired():
+        pass
+    took = time.monotonic() - start
+    if hog is not None:
+        hog.kill()
+        hog.wait()
+    print(json.dumps({"took": took}))
+""")
+
+
+def _wait_in_child(mode: str, timeout: float) -> float:
+    out = subprocess.run([sys.executable, "-c", _CHILD, mode, str(timeout)],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return float(json.loads(out.stdout)["took"])
+
+
+def test_time_in_the_run_queue_is_given_back() -> None:
+    # The waiting thread shares one CPU with a hog: about half the wall time is
+    # queued, so the deadline moves out to about twice the plain timeout.
+    took = _wait_in_child("hog", 0.5)
+    assert 0.5 * 1.2 <= took <= 0.5 * MAX_STRETCH + 1.0, took
+
+
+def test_an_unqueued_wait_ends_at_its_timeout_and_never_past_the_stretch_limit() -> None:
+    took = _wait_in_child("alone", 0.5)
+    assert 0.5 <= took <= 0.5 * MAX_STRETCH + 1.0, took
+
+
+def test_a_deadline_that_is_never_checked_late_does_not_read_proc() -> None:
+    deadline = OwnDeadline(60.0)
+    assert not deadline.expired()
+    assert deadline._delay is None  # a quick success costs one clock read
