@@ -97,6 +97,7 @@ def test_with_forks_off_nodes_start_through_execnet(
     spec: TransportSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ZMQ_CONFORMANCE_NODE_FORKS", "0")
+    process_nodes.shutdown()  # idle forked nodes of earlier tests would be reused
     with Cluster(spec) as cluster:
         a = cluster.add_node("a")
         worker = _transport(a)._worker
