@@ -11,6 +11,7 @@ server factory, or on the client factory when there is no server (see
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -60,15 +61,15 @@ class ControlCapabilities:
     authentication: bool = False
 
     def codes(self, wire: str | None = None) -> dict[str, int | str]:
-        """The identifier table of a positional wire (default: the declared one): the
-        profile's defaults for PING and the suite's types, then the declared codes that
-        are valid there (an operation name is lmcache-0.5's only); on lmcache-0.5 a
-        declared type without a code is its name in lower case."""
+        """The identifier table of a positional wire: the profile's defaults for PING and
+        the suite's types, then (on the declared wire only: declared codes are that
+        wire's numbers) the declared codes; on lmcache-0.5 a declared type without a code
+        is its name in lower case. ``wire`` other than the declared one is the
+        preflight asking another profile in that profile's own terms."""
         from reference_impl.control.wire import LMCACHE_05, default_codes
 
         wire = wire or self.wire
-        declared = {k: v for k, v in self.request_codes.items()
-                    if wire == LMCACHE_05 or isinstance(v, int)}
+        declared = self.request_codes if wire == self.wire else {}
         table: dict[str, int | str] = {**default_codes(wire), **declared}
         if wire == LMCACHE_05:
             for kind in self.request_types:
@@ -131,11 +132,15 @@ class ControlCapabilities:
         caps = cls(request_types=dict(types), head_of_line=hol, wire=wire,
                    request_codes=dict(codes), results=dict(results), added_handlers=added,
                    authentication=authentication)
-        if wire == LMCACHE_05 and "PING" in caps.request_types and len(
-                caps.request_types["PING"]) != 1:
-            raise ConfigError(f"{origin}: under wire=lmcache-0.5 PING takes one argument, the "
-                              "worker's instance id or nil: declare request_types "
-                              "{'PING': {'instance_id': None}}")
+        if wire == LMCACHE_05 and "PING" in caps.request_types:
+            ping = caps.request_types["PING"]
+            if len(ping) > 1:
+                raise ConfigError(f"{origin}: under wire=lmcache-0.5 PING takes one argument, "
+                                  "the worker's instance id or nil, e.g. request_types "
+                                  "{'PING': {'instance_id': None}}")
+            if not ping:  # LMCache 0.5's ping always carries one: nil, an untracked prober
+                caps = dataclasses.replace(caps, request_types={
+                    **caps.request_types, "PING": dict(PING_BODY_05)})
         if wire == "lmcache-mq":
             missing = sorted(set(caps.request_types) - set(caps.codes()))
             if missing:
