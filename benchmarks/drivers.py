@@ -133,8 +133,8 @@ def _children_cpu() -> float:
 
 
 def _run_suite(contract: str, *, driver: bool,
-               seed: int) -> tuple[float, float, dict[str, str], str]:
-    """Wall seconds, CPU seconds, verdicts and the end of stdout of one suite run.
+               seed: int) -> tuple[float, float, dict[str, str], dict[str, float]]:
+    """Wall seconds, CPU seconds, verdicts and each test's seconds of one suite run.
 
     The CPU time is the whole tree's: the CLI, its pytest workers, and every
     driver process and engine they started (each is reaped before the run ends,
@@ -153,7 +153,9 @@ def _run_suite(contract: str, *, driver: bool,
                                f"{proc.stderr[-2000:]}")
         data = json.loads(report.read_text())
         verdicts = {cid: str(entry["verdict"]) for cid, entry in data["clauses"].items()}
-        return wall, cpu, verdicts, proc.stdout[-1500:]
+        tests = {str(test["nodeid"]).split("::")[-1]: float(test.get("duration_s") or 0.0)
+                 for entry in data["clauses"].values() for test in entry.get("tests", ())}
+        return wall, cpu, verdicts, tests
 
 
 def per_contract(contracts: list[str], repeats: int,
@@ -164,13 +166,16 @@ def per_contract(contracts: list[str], repeats: int,
         cpus: dict[str, list[float]] = {"in-process": [], "driver": []}
         loads: list[float] = []
         differences: list[str] = []
+        tests: dict[str, dict[str, list[float]]] = {"in-process": {}, "driver": {}}
         for trial in range(repeats):
             seed = 1000 + trial
             verdicts: dict[str, dict[str, str]] = {}
             for mode in ("in-process", "driver"):
                 progress(f"{contract}: {mode}, trial {trial + 1}/{repeats}")
-                wall, cpu, verdicts[mode], _ = _run_suite(contract, driver=mode == "driver",
-                                                          seed=seed)
+                wall, cpu, verdicts[mode], seconds = _run_suite(
+                    contract, driver=mode == "driver", seed=seed)
+                for test, took in seconds.items():
+                    tests[mode].setdefault(test, []).append(took)
                 walls[mode].append(wall)
                 cpus[mode].append(cpu)
                 loads.append(os.getloadavg()[0])
@@ -194,6 +199,14 @@ def per_contract(contracts: list[str], repeats: int,
             "load average (1 min) after each run": [round(x, 2) for x in loads],
             "same verdicts": not differences,
             "differences": differences,
+            # The tests that cost the driver most: their median seconds in each mode.
+            "slowest tests through the driver (median s: in-process, driver)": {
+                test: [round(statistics.median(tests["in-process"].get(test, [0.0])), 2),
+                       round(statistics.median(times), 2)]
+                for test, times in sorted(
+                    tests["driver"].items(),
+                    key=lambda item: (statistics.median(tests["in-process"].get(item[0], [0.0]))
+                                      - statistics.median(item[1])))[:8]},
         }
     return out
 

@@ -25,6 +25,18 @@ handle and *failed* in any other way (its traffic through the dead proxy
 broke first) is checked too: if the proxy no longer answers, the failure
 becomes the same run error ("the fault proxy at ... stopped: exit status
 ..., last log lines ..."), with the original failure's first line added.
+
+As a plugin it also starts the worker's server early: when collection meets
+the first test that uses ``toxiproxy``, the embedded server's process is
+spawned (:class:`chaos.launcher.Launch`), so its interpreter starts beside
+the rest of the collection instead of inside the first chaos test; the
+fixture then only waits for it. The start limit still counts the server's
+own time from its spawn, and a server that cannot start is still the same
+run error, raised where the fixture is first used. When no selected test
+uses the fixture after all (``-k``, deselection) the process is stopped at
+the end of collection; one no test claimed is stopped at the session's end,
+and, like every server the launcher starts, it never outlives the worker.
+Runs that collect no chaos test never start one; ``--collect-only`` neither.
 """
 
 from __future__ import annotations
@@ -33,9 +45,13 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from chaos.launcher import ToxiproxyUnavailable, requested
+from chaos.launcher import Launch, ToxiproxyUnavailable, requested
 from chaos.proxy import Toxiproxy
 from conformance.errors import RUN_ERROR_PREFIX, RunError
+
+_FIXTURE = "toxiproxy"
+#: The server spawned during collection, until the fixture claims it.
+_early: Launch | None = None
 
 
 @pytest.fixture(scope="session")
@@ -49,14 +65,47 @@ def toxiproxy() -> Iterator[Toxiproxy]:
 
 
 def start_or_stop_the_test() -> Toxiproxy:
-    """Start the worker's server, or end the test: a failure when a server was asked
-    for by the environment, a run error otherwise (see the module docstring)."""
+    """Start the worker's server (or wait for the one spawned during collection), or end
+    the test: a failure when a server was asked for by the environment, a run error
+    otherwise (see the module docstring)."""
+    global _early
+    early, _early = _early, None
     try:
+        if early is not None:
+            lease = early.ready()
+            return Toxiproxy(lease.host, lease.port, lease=lease)
         return Toxiproxy.start()
     except ToxiproxyUnavailable as exc:
         if requested():
             pytest.fail(str(exc), pytrace=False)
         raise RunError(f"the fault proxy could not start, so no chaos test ran: {exc}") from exc
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Spawn the worker's server at the first collected test that will need it."""
+    global _early
+    if (_early is None and _FIXTURE in getattr(item, "fixturenames", ())
+            and not item.config.option.collectonly):
+        _early = Launch()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """No selected test uses the server after all: stop the one spawned early."""
+    if _early is not None and not any(
+            _FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        _cancel_early()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A server spawned early that no test claimed ends with the session."""
+    _cancel_early()
+
+
+def _cancel_early() -> None:
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        early.cancel()
 
 
 @pytest.fixture(autouse=True)

@@ -227,7 +227,12 @@ def _spawn(
     return proc, log_path
 
 
-def _wait_ready(lease: ServerLease, port_file: Path | None, what: str) -> None:
+def _wait_ready(
+    lease: ServerLease,
+    port_file: Path | None,
+    what: str,
+    spawned: tuple[float, HostDelay] | None = None,
+) -> None:
     """Wait until the server answers, within ``_START_TIMEOUT_S`` of its own time.
 
     The host's run-queue delay of the server process is not counted
@@ -235,27 +240,31 @@ def _wait_ready(lease: ServerLease, port_file: Path | None, what: str) -> None:
     embedded server's interpreter took over 15 s of wall time to start, all
     but a little of it waiting for a CPU. A server that hangs or sleeps
     still runs out at once; ``_START_PATIENCE_S`` caps the wall time.
+    ``spawned`` (monotonic time and delay meter taken right after the spawn)
+    counts from the spawn for a server started earlier (:class:`Launch`); a
+    server that answers is ready however late it is asked.
     """
-    started = time.monotonic()
     proc = lease.process
     assert proc is not None
-    delay = HostDelay(proc.pid)
+    started, delay = spawned if spawned is not None else (time.monotonic(), HostDelay(proc.pid))
 
     def in_time() -> bool:
         elapsed = time.monotonic() - started
         return elapsed - delay.seconds() < _START_TIMEOUT_S and elapsed < _START_PATIENCE_S
 
-    while in_time():
+    while True:
         if proc.poll() is not None:
             raise ToxiproxyUnavailable(
                 f"{what} exited with code {proc.returncode} before it was ready; "
                 f"its log:\n{lease.log_tail()}"
             )
-        if port_file is not None:
+        if port_file is not None and not lease.port:
             with contextlib.suppress(OSError, ValueError):
                 lease.port = int(port_file.read_text(encoding="ascii").strip())
         if lease.port and _answers(lease.url, timeout=1.0):
             return
+        if not in_time():
+            break
         time.sleep(0.05)
     lease.stop()
     raise ToxiproxyUnavailable(
@@ -285,7 +294,8 @@ def start_binary(path: str, host: str = "127.0.0.1") -> ServerLease:
     raise last
 
 
-def _start_embedded(host: str) -> ServerLease:
+def _spawn_embedded(host: str) -> tuple[ServerLease, Path, str]:
+    """Start the embedded server's process; it is ready once :func:`_wait_ready` says so."""
     tmp = tempfile.TemporaryDirectory(prefix="toxiproxy-embedded-")
     port_file = Path(tmp.name) / "port"
     package_root = str(Path(chaos.__file__).resolve().parent.parent)
@@ -308,23 +318,82 @@ def _start_embedded(host: str) -> ServerLease:
     lease = ServerLease(host, 0, "embedded", proc, log_path, tmp)
     with _LIVE_LOCK:
         _LIVE.add(lease)
-    try:
-        _wait_ready(
-            lease,
-            port_file,
-            f"embedded toxiproxy server ({sys.executable} -m chaos.toxiproxy_server)",
-        )
-    except BaseException:
-        lease.stop()
-        raise
-    return lease
+    what = f"embedded toxiproxy server ({sys.executable} -m chaos.toxiproxy_server)"
+    return lease, port_file, what
 
 
-def launch(prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> ServerLease:
-    """Find or start a toxiproxy server; see the module docstring for the order.
+class Launch:
+    """A server start under way: the process is spawned now, :meth:`ready` waits for it.
 
-    Raises ``ToxiproxyUnavailable`` naming the env var or binary that failed.
+    For a caller that knows early that it will need a server and has other work
+    meanwhile (an xdist worker collecting its tests): the embedded server's
+    interpreter starts beside that work instead of inside the first chaos test.
+    The start limit counts from the spawn, in the server's own time, as in
+    :func:`launch` (which does both at once). A failure to
+    start is raised by :meth:`ready`, never by the constructor. Only the
+    embedded server is spawned early; a binary or external server is found and
+    started by :meth:`ready`. The process is a live lease from the spawn on, so
+    the ``atexit`` hook and the kernel's parent-death signal cover it even if
+    :meth:`ready` is never called; :meth:`cancel` ends it sooner.
     """
+
+    def __init__(self, prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> None:
+        self.prefer: Prefer = prefer
+        self.host = host
+        self._spawned: tuple[ServerLease, Path, str, float, HostDelay] | None = None
+        self._error: ToxiproxyUnavailable | None = None
+        self._done = False
+        try:
+            if _source(prefer) == "embedded":
+                lease, port_file, what = _spawn_embedded(host)
+                assert lease.process is not None
+                self._spawned = (lease, port_file, what, time.monotonic(),
+                                 HostDelay(lease.process.pid))
+        except ToxiproxyUnavailable as exc:
+            self._error = exc
+        except OSError as exc:
+            self._error = ToxiproxyUnavailable(f"cannot start the embedded server: {exc}")
+
+    def ready(self) -> ServerLease:
+        """The running server (waits for it); raises ``ToxiproxyUnavailable``. Once only."""
+        if self._done:
+            raise RuntimeError("Launch.ready() was already called")
+        self._done = True
+        if self._error is not None:
+            raise self._error
+        if self._spawned is None:
+            return _find_or_start(self.prefer, self.host)
+        lease, port_file, what, started, delay = self._spawned
+        self._spawned = None
+        try:
+            _wait_ready(lease, port_file, what, (started, delay))
+        except BaseException:
+            lease.stop()
+            raise
+        return lease
+
+    def cancel(self) -> None:
+        """Stop a spawned server nobody claimed (no-op after :meth:`ready`)."""
+        self._done = True
+        spawned, self._spawned = self._spawned, None
+        if spawned is not None:
+            spawned[0].stop()
+
+
+def _source(prefer: Prefer) -> Literal["external", "binary", "embedded"]:
+    """Which kind of server ``prefer`` leads to here (see the module docstring).
+
+    Raises ``ToxiproxyUnavailable`` as :func:`launch` does for a bad setting.
+    """
+    url = os.environ.get(ENV_URL, "").strip()
+    if prefer == "external" or (prefer == "auto" and url):
+        return "external"
+    if prefer == "binary" or (prefer == "auto" and (_configured_binary() or shutil.which(BINARY))):
+        return "binary"
+    return "embedded"
+
+
+def _find_or_start(prefer: Prefer, host: str) -> ServerLease:
     url = os.environ.get(ENV_URL, "").strip()
     if prefer == "external" or (prefer == "auto" and url):
         if not url:
@@ -336,7 +405,21 @@ def launch(prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> ServerLease:
             return start_binary(binary, host)
         if prefer == "binary":
             raise ToxiproxyUnavailable(f"{ENV_SERVER} is not set and no {BINARY} binary on PATH")
-    return _start_embedded(host)
+    lease, port_file, what = _spawn_embedded(host)
+    try:
+        _wait_ready(lease, port_file, what)
+    except BaseException:
+        lease.stop()
+        raise
+    return lease
+
+
+def launch(prefer: Prefer = "auto", *, host: str = "127.0.0.1") -> ServerLease:
+    """Find or start a toxiproxy server; see the module docstring for the order.
+
+    Raises ``ToxiproxyUnavailable`` naming the env var or binary that failed.
+    """
+    return _find_or_start(prefer, host)
 
 
 def _configured_binary() -> str | None:

@@ -1,4 +1,4 @@
-"""An embedded toxiproxy-compatible server (HTTP API on aiohttp, TCP proxying on asyncio).
+"""An embedded toxiproxy-compatible server (HTTP API and TCP proxying on asyncio).
 
 Used by the chaos suite when no real ``toxiproxy-server`` is available. It
 speaks toxiproxy 2.x's HTTP API (same endpoints, JSON shapes and status

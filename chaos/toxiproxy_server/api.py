@@ -1,4 +1,4 @@
-"""The toxiproxy HTTP API on aiohttp: routes, JSON shapes and status codes.
+"""The toxiproxy HTTP API: routes, JSON shapes and status codes.
 
 Endpoints and codes (as toxiproxy 2.x): ``GET /version`` 200
 ``{"version": ...}``; ``GET /proxies`` 200 ``{name: proxy}``; ``POST
@@ -21,45 +21,53 @@ newline; ``/populate`` answers every outcome, errors included, as one
 object ``{"error", "status", "proxies"}`` (``proxies`` is ``null`` when
 none was made); ``/version`` is written by hand as ``{"version": "V"}`` and
 a newline; an unknown path gets gorilla/mux's ``404 page not found``, a
-known path with another method an empty 405.
+known path with another method an empty 405, and a path that is not clean
+(``//version``, ``/proxies/a/../b``) mux's ``301`` to the cleaned one. As in
+mux, the browser check runs only for a matched route.
+
+Requests come from :mod:`chaos.toxiproxy_server.http_server`; handlers are
+serialised by one lock (every handler is quick, no handler waits on proxied
+traffic, and it keeps proxy state changes atomic with respect to each other).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
+import urllib.parse
 from collections.abc import Awaitable, Callable
-
-from aiohttp import web
 
 from chaos.toxiproxy_server import gojson
 from chaos.toxiproxy_server.errors import ApiError, bad_request
+from chaos.toxiproxy_server.http_server import Request, Response
 from chaos.toxiproxy_server.proxy import ProxyCollection
 from chaos.toxiproxy_server.toxics import parse_new_toxic, parse_toxic_update
 
 #: Version reported by ``GET /version``: the toxiproxy API level it follows.
 VERSION = "2.12.0-zmq-conformance-embedded"
 
-_COLLECTION: web.AppKey[ProxyCollection] = web.AppKey("collection", ProxyCollection)
-_LOCK: web.AppKey[asyncio.Lock] = web.AppKey("lock", asyncio.Lock)
+_JSON = [("Content-Type", "application/json")]
+_TEXT = [("Content-Type", "text/plain; charset=utf-8"), ("X-Content-Type-Options", "nosniff")]
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: A matched route's handler: the collection, the path's variables, the request. Those
+#: that change listeners (create, update, delete, populate, reset) are coroutines.
+RouteHandler = Callable[
+    [ProxyCollection, dict[str, str], Request], "Response | Awaitable[Response]"
+]
 
 
-def _json(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=gojson.dumps(data), status=status, content_type="application/json")
+def _json(data: object, status: int = 200) -> Response:
+    return Response(status, _JSON, gojson.dumps(data))
 
 
-def _http_error(text: str, status: int) -> web.Response:
+def _http_error(text: str, status: int) -> Response:
     """Go's ``http.Error``: plain text, a newline appended, no sniffing."""
-    resp = web.Response(body=(text + "\n").encode(), status=status)
-    resp.headers["Content-Type"] = "text/plain; charset=utf-8"
-    resp.headers["X-Content-Type-Options"] = "nosniff"
-    return resp
+    return Response(status, _TEXT, (text + "\n").encode())
 
 
-async def _body(request: web.Request) -> object:
-    raw = await request.read()
+def _body(request: Request) -> object:
+    raw = request.body
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -90,36 +98,25 @@ def _object(body: object) -> dict[str, object]:
     return body
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.headers.get("User-Agent", "").startswith("Mozilla/"):
-        return _http_error("User agent not allowed", 403)
-    try:
-        async with request.app[_LOCK]:
-            return await handler(request)
-    except ApiError as exc:
-        return _http_error(gojson.dumps(exc.to_json()).decode(), exc.status)
-    except web.HTTPMethodNotAllowed:
-        return web.Response(status=405)
-    except web.HTTPNotFound:
-        return _http_error("404 page not found", 404)
-
-
-async def _version(request: web.Request) -> web.Response:
+def _version(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
     body = f'{{"version": {gojson.dumps(VERSION).decode()}}}\n'.encode()
-    resp = web.Response(body=body)
-    resp.headers["Content-Type"] = "application/json;charset=utf-8"
-    return resp
+    return Response(200, [("Content-Type", "application/json;charset=utf-8")], body)
 
 
-async def _proxy_index(request: web.Request) -> web.Response:
-    proxies = sorted(request.app[_COLLECTION].all(), key=lambda p: p.name)  # a Go map
+def _proxy_index(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxies = sorted(collection.all(), key=lambda p: p.name)  # a Go map
     return _json({p.name: p.to_json() for p in proxies})
 
 
-async def _proxy_create(request: web.Request) -> web.Response:
-    body = _object(await _body(request))
-    proxy = await request.app[_COLLECTION].create(
+async def _proxy_create(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    body = _object(_body(request))
+    proxy = await collection.create(
         _str_field(body, "name", ""),
         _str_field(body, "listen", ""),
         _str_field(body, "upstream", ""),
@@ -128,11 +125,12 @@ async def _proxy_create(request: web.Request) -> web.Response:
     return _json(proxy.to_json(), 201)
 
 
-async def _populate(request: web.Request) -> web.Response:
+async def _populate(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
     done: list[object] = []
     try:
-        specs = _populate_specs(await _body(request))
-        collection = request.app[_COLLECTION]
+        specs = _populate_specs(_body(request))
         for name, listen, upstream, enabled in specs:
             proxy = await collection.add_or_replace(name, listen, upstream, enabled=enabled)
             done.append(proxy.to_json())
@@ -162,14 +160,17 @@ def _populate_specs(body: object) -> list[tuple[str, str, str, bool]]:
     return specs
 
 
-async def _proxy_show(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
-    return _json(proxy.to_json())
+def _proxy_show(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    return _json(collection.get(params["proxy"]).to_json())
 
 
-async def _proxy_update(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
-    body = _object(await _body(request))
+async def _proxy_update(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxy = collection.get(params["proxy"])
+    body = _object(_body(request))
     await proxy.update(
         listen=_str_field(body, "listen", proxy.listen),
         upstream=_str_field(body, "upstream", proxy.upstream),
@@ -178,70 +179,165 @@ async def _proxy_update(request: web.Request) -> web.Response:
     return _json(proxy.to_json())
 
 
-async def _proxy_delete(request: web.Request) -> web.Response:
-    await request.app[_COLLECTION].remove(request.match_info["proxy"])
-    return web.Response(status=204)
+async def _proxy_delete(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    await collection.remove(params["proxy"])
+    return Response(204)
 
 
-async def _toxic_index(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
+def _toxic_index(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxy = collection.get(params["proxy"])
     return _json([t.to_json() for t in proxy.toxics()])
 
 
-async def _toxic_create(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
-    toxic = parse_new_toxic(await _body(request))
+def _toxic_create(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxy = collection.get(params["proxy"])
+    toxic = parse_new_toxic(_body(request))
     proxy.add_toxic(toxic)
     return _json(toxic.to_json())
 
 
-async def _toxic_show(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
-    return _json(proxy.get_toxic(request.match_info["toxic"]).to_json())
+def _toxic_show(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxy = collection.get(params["proxy"])
+    return _json(proxy.get_toxic(params["toxic"]).to_json())
 
 
-async def _toxic_update(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
-    current = proxy.get_toxic(request.match_info["toxic"])
-    updated = parse_toxic_update(current, await _body(request))
+def _toxic_update(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxy = collection.get(params["proxy"])
+    current = proxy.get_toxic(params["toxic"])
+    updated = parse_toxic_update(current, _body(request))
     proxy.update_toxic(updated)
     return _json(updated.to_json())
 
 
-async def _toxic_delete(request: web.Request) -> web.Response:
-    proxy = request.app[_COLLECTION].get(request.match_info["proxy"])
-    proxy.remove_toxic(request.match_info["toxic"])
-    return web.Response(status=204)
+def _toxic_delete(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    proxy = collection.get(params["proxy"])
+    proxy.remove_toxic(params["toxic"])
+    return Response(204)
 
 
-async def _reset(request: web.Request) -> web.Response:
-    await request.app[_COLLECTION].reset()
-    return web.Response(status=204)
+async def _reset(
+    collection: ProxyCollection, params: dict[str, str], request: Request
+) -> Response:
+    await collection.reset()
+    return Response(204)
 
 
-def build_app(collection: ProxyCollection) -> web.Application:
-    """The aiohttp application serving ``collection``.
+_Routes = dict[str, RouteHandler]
 
-    Requests are serialised with one lock: every handler is quick (no
-    handler waits on proxied traffic), and it keeps proxy state changes
-    atomic with respect to each other.
+_TOP: dict[str, _Routes] = {
+    "version": {"GET": _version},
+    "reset": {"POST": _reset},
+    "proxies": {"GET": _proxy_index, "POST": _proxy_create},
+    "populate": {"POST": _populate},
+}
+_PROXY: _Routes = {
+    "GET": _proxy_show, "POST": _proxy_update, "PATCH": _proxy_update, "DELETE": _proxy_delete,
+}
+_TOXICS: _Routes = {"GET": _toxic_index, "POST": _toxic_create}
+_TOXIC: _Routes = {
+    "GET": _toxic_show, "POST": _toxic_update, "PATCH": _toxic_update, "DELETE": _toxic_delete,
+}
+
+
+def _match(path: str) -> tuple[_Routes, dict[str, str]] | None:
+    """The routes of ``path`` (methods to handlers) and its variables, or None."""
+    parts = path.split("/")
+    if parts[0] != "" or len(parts) < 2:
+        return None
+    parts = parts[1:]
+    if len(parts) == 1:
+        routes = _TOP.get(parts[0])
+        return (routes, {}) if routes is not None else None
+    if parts[0] != "proxies" or not all(parts[1:]):  # mux variables are [^/]+
+        return None
+    if len(parts) == 2:
+        return _PROXY, {"proxy": parts[1]}
+    if parts[2] != "toxics":
+        return None
+    if len(parts) == 3:
+        return _TOXICS, {"proxy": parts[1]}
+    if len(parts) == 4:
+        return _TOXIC, {"proxy": parts[1], "toxic": parts[3]}
+    return None
+
+
+def _clean(path: str) -> str:
+    """gorilla/mux's ``cleanPath``: Go's ``path.Clean``, keeping a trailing slash."""
+    if not path:
+        return "/"
+    if not path.startswith("/"):
+        path = "/" + path
+    cleaned = posixpath.normpath(path)
+    if cleaned.startswith("//"):  # POSIX keeps two leading slashes; Go does not
+        cleaned = "/" + cleaned.lstrip("/")
+    if path.endswith("/") and cleaned != "/":
+        cleaned += "/"
+    return cleaned
+
+
+class Api:
+    """The toxiproxy API over ``collection``: one request in, one answer out.
+
+    Handlers run one at a time: a handler that needs no waiting answers at
+    once, unless a coroutine handler is running or waiting, in which case it
+    queues behind it on the lock, so that no call sees another half done.
     """
-    app = web.Application(middlewares=[_errors])
-    app[_COLLECTION] = collection
-    app[_LOCK] = asyncio.Lock()
-    app.router.add_get("/version", _version)
-    app.router.add_post("/reset", _reset)
-    app.router.add_get("/proxies", _proxy_index)
-    app.router.add_post("/proxies", _proxy_create)
-    app.router.add_post("/populate", _populate)
-    app.router.add_get("/proxies/{proxy}", _proxy_show)
-    app.router.add_post("/proxies/{proxy}", _proxy_update)
-    app.router.add_patch("/proxies/{proxy}", _proxy_update)
-    app.router.add_delete("/proxies/{proxy}", _proxy_delete)
-    app.router.add_get("/proxies/{proxy}/toxics", _toxic_index)
-    app.router.add_post("/proxies/{proxy}/toxics", _toxic_create)
-    app.router.add_get("/proxies/{proxy}/toxics/{toxic}", _toxic_show)
-    app.router.add_post("/proxies/{proxy}/toxics/{toxic}", _toxic_update)
-    app.router.add_patch("/proxies/{proxy}/toxics/{toxic}", _toxic_update)
-    app.router.add_delete("/proxies/{proxy}/toxics/{toxic}", _toxic_delete)
-    return app
+
+    def __init__(self, collection: ProxyCollection) -> None:
+        self._collection = collection
+        self._lock = asyncio.Lock()
+        self._in_flight = 0
+
+    def __call__(self, request: Request) -> Response | Awaitable[Response]:
+        raw_path, _, query = request.target.partition("?")
+        path = urllib.parse.unquote(raw_path) if "%" in raw_path else raw_path
+        cleaned = _clean(path)
+        if cleaned != path:
+            location = urllib.parse.quote(cleaned) + (f"?{query}" if query else "")
+            return Response(301, [("Location", location)])
+        matched = _match(path)
+        if matched is None:
+            return _http_error("404 page not found", 404)
+        routes, params = matched
+        handler = routes.get(request.method)
+        if handler is None:
+            return Response(405)
+        if request.headers.get("user-agent", "").startswith("Mozilla/"):
+            return _http_error("User agent not allowed", 403)
+        if self._in_flight or asyncio.iscoroutinefunction(handler):
+            return self._locked(handler, params, request)
+        try:
+            answer = handler(self._collection, params, request)
+        except ApiError as exc:
+            return _error(exc)
+        assert isinstance(answer, Response)
+        return answer
+
+    async def _locked(
+        self, handler: RouteHandler, params: dict[str, str], request: Request
+    ) -> Response:
+        self._in_flight += 1  # from its first step on: sync calls queue behind it
+        try:
+            async with self._lock:
+                answer = handler(self._collection, params, request)
+                return answer if isinstance(answer, Response) else await answer
+        except ApiError as exc:
+            return _error(exc)
+        finally:
+            self._in_flight -= 1
+
+
+def _error(exc: ApiError) -> Response:
+    return _http_error(gojson.dumps(exc.to_json()).decode(), exc.status)

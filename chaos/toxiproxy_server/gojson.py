@@ -17,6 +17,7 @@ Python values map as: ``dict`` -> object in the dict's order (pass
 from __future__ import annotations
 
 import math
+import re
 import struct
 from decimal import Decimal
 
@@ -85,7 +86,13 @@ _ESCAPES = {
 }
 
 
+#: Text that needs no escaping: printable ASCII other than ``"``, ``\\``, ``<``, ``>``, ``&``.
+_PLAIN = re.compile(r'[ !#-%\'-;=?-\[\]-~]*')
+
+
 def _string(text: str) -> str:
+    if _PLAIN.fullmatch(text):
+        return f'"{text}"'
     out = ['"']
     for ch in text:
         escaped = _ESCAPES.get(ch)

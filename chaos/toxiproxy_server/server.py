@@ -1,12 +1,11 @@
-"""Running the embedded server: HTTP API site plus proxies, and a clean stop."""
+"""Running the embedded server: HTTP API listener plus proxies, and a clean stop."""
 
 from __future__ import annotations
 
 import logging
 
-from aiohttp import web
-
-from chaos.toxiproxy_server.api import build_app
+from chaos.toxiproxy_server.api import Api
+from chaos.toxiproxy_server.http_server import HttpServer
 from chaos.toxiproxy_server.proxy import ProxyCollection
 
 _log = logging.getLogger(__name__)
@@ -21,29 +20,16 @@ class EmbeddedServer:
     """
 
     def __init__(self, host: str, port: int) -> None:
-        self._host = host
         self._requested_port = port
         self.collection = ProxyCollection()
-        self._runner: web.AppRunner | None = None
+        self._http = HttpServer(Api(self.collection))
         self.host = host
         self.port = port
 
     async def start(self) -> None:
-        runner = web.AppRunner(build_app(self.collection), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port, reuse_address=True)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        sockname = runner.addresses[0]
-        self.host, self.port = str(sockname[0]), int(sockname[1])
+        self.host, self.port = await self._http.start(self.host, self._requested_port)
         _log.info("toxiproxy API listening on %s:%d", self.host, self.port)
 
     async def stop(self) -> None:
         await self.collection.close()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        await self._http.stop()

@@ -26,7 +26,6 @@ on connections opened while it existed (SO_LINGER 0, see ``link.py``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import itertools
 import random
@@ -172,6 +171,11 @@ def parse_toxic_update(current: Toxic, body: object) -> Toxic:
     )
 
 
+def _release(held: asyncio.Future[None]) -> None:
+    if not held.done():
+        held.set_result(None)
+
+
 class LinkControl(Protocol):
     """What a toxic may do to the link (one direction of a connection) it runs on."""
 
@@ -201,7 +205,8 @@ class ToxicRun:
         self._pace_at = 0.0
         self._reset_armed = False
         self._stopped = False
-        self._interrupted = asyncio.Event()
+        #: The latency toxic's wait for the chunk it holds (one at a time per link).
+        self._held: asyncio.Future[None] | None = None
         self._timer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -217,7 +222,9 @@ class ToxicRun:
         one piece, as toxiproxy's interrupted slicer does.
         """
         self._stopped = True
-        self._interrupted.set()
+        held, self._held = self._held, None
+        if held is not None and not held.done():
+            held.set_result(None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -240,10 +247,7 @@ class ToxicRun:
             delay_ms = attrs["latency"] + offset
             wait = arrived + max(delay_ms, 0) / 1000 - loop.time()
             if wait > 0 and not self._stopped:
-                # Removing or updating the toxic releases the chunk it holds at
-                # once, as toxiproxy's interrupted LatencyToxic does.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._interrupted.wait(), wait)
+                await self._hold(loop, wait)
             await emit(data)
         elif kind == "bandwidth":
             await self._paced(data, attrs["rate"], emit)
@@ -266,6 +270,21 @@ class ToxicRun:
                 self._link.close()
         else:  # slow_close and anything that only acts on close
             await emit(data)
+
+    async def _hold(self, loop: asyncio.AbstractEventLoop, wait: float) -> None:
+        """Wait ``wait`` seconds, or until the run stops: removing or updating the
+        toxic releases the chunk it holds at once, as toxiproxy's interrupted
+        LatencyToxic does. One future and one timer per chunk (``wait_for`` on an
+        event made a task per chunk, most of a delayed link's CPU)."""
+        held: asyncio.Future[None] = loop.create_future()
+        self._held = held
+        timer = loop.call_later(wait, _release, held)
+        try:
+            await held
+        finally:
+            timer.cancel()
+            if self._held is held:
+                self._held = None
 
     async def on_eof(self) -> None:
         """Called when the link's source closed, before the close is passed on."""

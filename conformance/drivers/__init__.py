@@ -38,6 +38,7 @@ from conformance.drivers.process import (
     shutdown,
 )
 from conformance.errors import ConfigError
+from conformance.supervision import runqueue
 from conformance.testing import resources
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ __all__ = [
 ENV_DRIVER: Final = "ZMQ_CONFORMANCE_DRIVER"
 
 resources.add_source(resource_growth)
+runqueue.add_pid_source(live_pids)
 
 
 def driver_spec(contract: Contract, command: str, *,

@@ -24,7 +24,8 @@ Guarantees:
   process the suite killed itself (a PROC fault) raises :class:`DriverGone`
   instead, and a stopped one :class:`DriverPaused`, as process nodes do.
 - **Nothing outlives the run.** Each driver is the leader of its own
-  process group and gets ``PR_SET_PDEATHSIG`` (SIGKILL). It is forked
+  process group (in the suite's session: see :func:`_spawn`) and gets
+  ``PR_SET_PDEATHSIG`` (SIGKILL). It is forked
   from the main thread, or from one helper thread that lives as long as
   the suite, because the death signal follows the forking thread.
   :func:`end_test` ends the processes whose objects a test left open, and
@@ -563,9 +564,16 @@ def _spawn(argv: list[str], log: int, env: dict[str, str]) -> subprocess.Popen[b
     """Start the driver from a thread that lives as long as the suite (see the module doc)."""
 
     def start() -> subprocess.Popen[bytes]:
+        # A process group of its own (so the end kills what it forked), but the suite's
+        # session: where the kernel groups tasks by session for scheduling (autogroup),
+        # a session of its own would give each driver its own share of the CPUs. An
+        # in-process implementation competes inside the suite's share, and the host-stall
+        # meter (conformance.supervision.host_stall) samples only that share: in the
+        # suite's session the driver is scheduled as the implementation would be in-process,
+        # and a stall the meter sees is one the driver sees.
         return subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-            start_new_session=True, close_fds=True,
+            process_group=0, close_fds=True,
             preexec_fn=lifeline.preexec(signal.SIGKILL, thread_outlives_child=True),
         )
 

@@ -126,6 +126,13 @@ class Hello:
     options: tuple[str, ...]
     sides: tuple[str, ...]
     reuse: bool
+    #: The optional calls the driver declared (``calls``; section 3). A *declared* optional
+    #: call is sent only to a driver that lists it; ``()`` when the hello has no ``calls``.
+    calls: tuple[str, ...] = ()
+
+    def offers(self, call: str) -> bool:
+        """True when the driver declared the optional call ``call`` in its hello."""
+        return call in self.calls
 
     @classmethod
     def parse(cls, body: Mapping[str, Any], *, contract: str) -> Hello:
@@ -152,8 +159,10 @@ class Hello:
         if not isinstance(reuse, bool):
             raise ProtocolError("hello: 'reuse' must be true or false")
         implementation = body.get("implementation", "")
+        calls = _strings(body.get("calls"), "calls")
         return cls(contract=contract, protocol=VERSION, implementation=str(implementation),
-                   capabilities=capabilities, options=options, sides=sides, reuse=reuse)
+                   capabilities=capabilities, options=options, sides=sides, reuse=reuse,
+                   calls=calls)
 
 
 def _strings(value: Any, name: str) -> tuple[str, ...]:

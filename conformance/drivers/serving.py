@@ -92,6 +92,9 @@ class Service:
     constructors: ClassVar[tuple[str, ...]] = ()
     #: The family's exception classes and the error kinds they become.
     error_kinds: ClassVar[ErrorKinds] = ()
+    #: The *declared* optional calls this service serves, named in the hello's ``calls``
+    #: (``docs/drivers.md``, section 3): the suite sends them only to a driver listing them.
+    declared_calls: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, contract: str, target: Any) -> None:
         self.contract = contract
@@ -104,8 +107,12 @@ class Service:
 
     def hello(self) -> dict[str, Any]:
         """The driver's hello; a subclass adds ``capabilities``, ``options``, ``sides``."""
-        return {"type": "hello", "contract": self.contract,
-                "implementation": f"Python driver: {target_name(self.target)}"}
+        answer: dict[str, Any] = {
+            "type": "hello", "contract": self.contract,
+            "implementation": f"Python driver: {target_name(self.target)}"}
+        if self.declared_calls:
+            answer["calls"] = list(self.declared_calls)
+        return answer
 
     # -- calls ----------------------------------------------------------------------
 

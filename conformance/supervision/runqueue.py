@@ -24,11 +24,29 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 
-__all__ = ["HostDelay", "OwnDeadline"]
+__all__ = ["HostDelay", "OwnDeadline", "add_pid_source", "working_pids"]
 
 #: An :class:`OwnDeadline` never stretches past this many times its timeout.
 MAX_STRETCH = 10
+
+_pid_sources: list[Callable[[], Iterable[int]]] = []
+
+
+def add_pid_source(source: Callable[[], Iterable[int]]) -> None:
+    """Count the processes ``source()`` names (driver processes, process nodes: where an
+    implementation's threads run outside this process) in every :class:`OwnDeadline`."""
+    if source not in _pid_sources:
+        _pid_sources.append(source)
+
+
+def working_pids() -> list[int]:
+    """This process and those the sources of :func:`add_pid_source` name now."""
+    pids = [os.getpid()]
+    for source in _pid_sources:
+        pids.extend(source())
+    return pids
 
 
 class HostDelay:
@@ -65,8 +83,9 @@ class OwnDeadline:
     """A wait of ``timeout`` seconds of this process's own time.
 
     :meth:`expired` is wall time until the timeout passes; from then on the
-    deadline moves out by the longest run-queue wait of any one of this
-    process's threads (the test's, the implementation's libzmq I/O threads),
+    deadline moves out by the longest run-queue wait of any one thread of
+    this process (the test's, the implementation's libzmq I/O threads) or of
+    a process a source names (:func:`add_pid_source`: driver processes),
     counted since the first check after a tenth of the timeout, and never past
     :data:`MAX_STRETCH` times the timeout. One thread's wait, not their sum: a
     sum grows faster than the clock when several threads queue at once. Waits
@@ -81,18 +100,18 @@ class OwnDeadline:
         self._due = self._start + timeout
         self._last = self._start + timeout * MAX_STRETCH
         self._count_from = self._start + timeout / 10
-        self._delay: HostDelay | None = None
+        self._delays: list[HostDelay] | None = None
 
     def expired(self) -> bool:
         """True once ``timeout`` seconds of own time (or the stretch limit) have passed."""
         now = time.monotonic()
-        if self._delay is None and now >= self._count_from:
-            self._delay = HostDelay(os.getpid())
+        if self._delays is None and now >= self._count_from:
+            self._delays = [HostDelay(pid) for pid in working_pids()]
         if now < self._due:
             return False
-        if now >= self._last or self._delay is None:
+        if now >= self._last or self._delays is None:
             return True
-        self._due = self._start + self.timeout + self._delay.longest()
+        self._due = self._start + self.timeout + max(d.longest() for d in self._delays)
         return now >= self._due
 
 

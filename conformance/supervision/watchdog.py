@@ -28,8 +28,9 @@ full-limit block as the call that blocked, and the later call only as
 A limit counts only time the host let processes run: when a guard's deadline
 passes, the host stall measured since the call started
 (:mod:`conformance.supervision.host_stall`, running once :func:`new_test` has
-run) is added to its deadline, and the call is interrupted only when it has
-overrun its limit *plus* that stall. A call that really blocks still blocks,
+run), or the calling thread's own wait in the run queue if that is longer, is
+added to its deadline, and the call is interrupted only when it has overrun
+its limit *plus* that stall. A call that really blocks still blocks,
 just later; a call that a host stalled for seconds is not ``blocked``. Guards nest:
 the earliest deadline of all open guards is armed, and the call named in the
 exception is the one whose own limit ran out. A timer someone else had armed
@@ -75,6 +76,10 @@ AFTER_BLOCK_LIMIT_S = 0.2
 _MIN_TIMER_S = 1e-4
 #: Host stall below this is not credited to a guard (the meter's resolution).
 _MIN_CREDIT_S = 0.02
+#: How often a guard re-reads the calling thread's run-queue wait (one ``/proc`` read).
+_QUEUE_SAMPLE_S = 0.1
+#: (when, run-queue wait in ns) of the main thread's last sample; (-inf, -1) before any.
+_queue_sample: tuple[float, int] = (float("-inf"), -1)
 
 _default_limit_s = _DEFAULT_LIMIT_S
 _HAS_TIMER = hasattr(signal, "setitimer")
@@ -96,6 +101,9 @@ class _Guard:
     #: Host stall already added to ``deadline`` (seconds).
     credited: float = 0.0
     fired: bool = False
+    #: The calling thread's run-queue wait (ns) at most :data:`_QUEUE_SAMPLE_S` before
+    #: the call started (-1: unknown).
+    queued_base: int = -1
 
 
 _stack: list[_Guard] = []
@@ -209,7 +217,10 @@ class _Guarded:
         if not active():
             return
         now = time.monotonic()
-        entry = _Guard(self._call, seconds, now + seconds, full, started=now)
+        if now - _queue_sample[0] >= _QUEUE_SAMPLE_S:
+            _sample_queue(now)
+        entry = _Guard(self._call, seconds, now + seconds, full, started=now,
+                       queued_base=_queue_sample[1])
         if not _stack:
             _install()
         _stack.append(entry)
@@ -292,16 +303,41 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 def _credit_host_stall(entry: _Guard) -> bool:
     """Move ``entry``'s deadline on by the host stall measured since it started and not
     credited yet; True when that leaves it time (the limit counts only time the host let
-    processes run, so a loaded host never turns a slow call into ``blocked``)."""
-    if not host_stall.running():
-        return False
-    stolen = host_stall.stolen_ms(entry.started) / 1000
+    processes run, so a loaded host never turns a slow call into ``blocked``).
+
+    The stall is the larger of two measures: the meter's (:mod:`.host_stall`), and the
+    calling thread's own wait in the run queue since (at most :data:`_QUEUE_SAMPLE_S`
+    before) the call began. The meter sleeps between samples, so a busy host wakes it
+    promptly while a computing thread waits its turn: at load 22 a correct
+    ``send()`` was reported blocked for 2 s with the meter's stall under that. A
+    thread blocked in a call is not runnable, so its queue wait does not grow while
+    it blocks: a call that really blocks still runs out.
+    """
+    stolen = host_stall.stolen_ms(entry.started) / 1000 if host_stall.running() else 0.0
+    if entry.queued_base >= 0:
+        queued = _thread_queue_ns()
+        if queued >= 0:
+            stolen = max(stolen, (queued - entry.queued_base) / 1e9)
     extra = stolen - entry.credited
     if extra < _MIN_CREDIT_S:
         return False
     entry.credited = stolen
     entry.deadline += extra
     return entry.deadline > time.monotonic()
+
+
+def _thread_queue_ns() -> int:
+    """The calling thread's total run-queue wait in ns (-1 where ``/proc`` has none)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stat:
+            return int(stat.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _sample_queue(now: float) -> None:
+    global _queue_sample
+    _queue_sample = (now, _thread_queue_ns())
 
 
 @contextmanager

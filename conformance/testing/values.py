@@ -7,16 +7,31 @@ and NaN, booleans and ``None``.
 :func:`first_difference` compares a sent value with a received one
 strictly: ``True`` is not ``1``, ``1`` is not ``1.0``, ``-0.0`` is not
 ``0.0``, ``str`` is not ``bytes``, and NaN equals NaN.
+
+:func:`budgeted_msgpack_values` draws the same kinds of values within the
+same bounds (container sizes, key lengths, nesting depth, leaf count) several
+times cheaper: ``st.recursive`` retries a whole draw whenever it exceeds
+``max_leaves`` (most draws, for small budgets), and ``st.dictionaries``
+redraws duplicate keys through a filter. The p2p family's messages use it;
+the other families keep :func:`msgpack_values`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, Final
 
 from hypothesis import strategies as st
 
-__all__ = ["INT64_MIN", "UINT64_MAX", "first_difference", "msgpack_values"]
+__all__ = [
+    "INT64_MIN",
+    "UINT64_MAX",
+    "budgeted_msgpack_values",
+    "first_difference",
+    "msgpack_values",
+    "nesting_levels",
+]
 
 INT64_MIN = -(2**63)
 UINT64_MAX = 2**64 - 1
@@ -45,6 +60,94 @@ def msgpack_values(*, max_leaves: int = 20) -> st.SearchStrategy[Any]:
         ),
         max_leaves=max_leaves,
     )
+
+
+#: Items of one drawn list or map, at most (as :func:`msgpack_values`).
+MAX_CONTAINER_ITEMS = 5
+#: Characters of one map key, at most (as :func:`msgpack_values`).
+MAX_KEY_CHARS = 12
+
+_SCALAR_VALUES = _scalars()
+_SIZES = st.integers(min_value=0, max_value=MAX_CONTAINER_ITEMS)
+_KEYS = st.text(max_size=MAX_KEY_CHARS)
+_SCALAR: Final = (0, "scalar")
+
+
+def nesting_levels(max_leaves: int) -> int:
+    """Container levels a value of at most ``max_leaves`` leaves may nest.
+
+    The depth ``st.recursive(..., max_leaves=max_leaves)`` reaches: one level,
+    plus one for every power of two up to ``max_leaves`` (4 -> 3, 20 -> 5).
+    """
+    if max_leaves < 1:
+        raise ValueError(f"max_leaves={max_leaves!r}: expected at least 1")
+    levels = 1
+    while 2**levels <= max_leaves:
+        levels += 1
+    return levels
+
+
+@functools.cache
+def _shapes(levels: int) -> st.SearchStrategy[tuple[int, str]]:
+    """A node of at most ``levels`` container levels: its own level, chosen uniformly
+    as ``st.recursive`` does (a scalar is level 0), and whether a list or a map.
+
+    The scalar is listed twice so each level is equally likely, and first, so
+    a node shrinks to a scalar.
+    """
+    shapes = [_SCALAR, _SCALAR]
+    for level in range(1, levels + 1):
+        shapes += [(level, "list"), (level, "map")]
+    return st.sampled_from(shapes)
+
+
+def _draw_tree(draw: st.DrawFn, budget: list[int], levels: int) -> Any:
+    """One value using at most ``budget[0]`` leaves (scalars), at most ``levels`` deep.
+
+    A container of level ``k`` holds values of level below ``k``, as in
+    ``st.recursive``. The leaf budget is shared by the whole value and checked
+    before each item is started, so a draw never overruns it and is never
+    redrawn: a container whose budget runs out simply ends there. A repeated
+    map key keeps its first value (the map is one item smaller) instead of
+    drawing another key.
+    """
+    level, kind = draw(_shapes(levels)) if levels > 0 else _SCALAR
+    if level == 0:
+        budget[0] -= 1
+        return draw(_SCALAR_VALUES)
+    size = draw(_SIZES)
+    if kind == "list":
+        items: list[Any] = []
+        while len(items) < size and budget[0] > 0:
+            items.append(_draw_tree(draw, budget, level - 1))
+        return items
+    entries: dict[str, Any] = {}
+    for _ in range(size):
+        if budget[0] <= 0:
+            break
+        key = draw(_KEYS)
+        entries.setdefault(key, _draw_tree(draw, budget, level - 1))
+    return entries
+
+
+@st.composite
+def _budgeted(draw: st.DrawFn, max_leaves: int, levels: int) -> Any:
+    return _draw_tree(draw, [max_leaves], levels)
+
+
+@functools.cache
+def budgeted_msgpack_values(*, max_leaves: int = 20) -> st.SearchStrategy[Any]:
+    """What :func:`msgpack_values` draws, without its retries.
+
+    The same scalars (every MessagePack type and its edge values), lists and
+    ``str``-keyed maps of at most :data:`MAX_CONTAINER_ITEMS` items, keys of
+    at most :data:`MAX_KEY_CHARS` characters, nesting up to
+    :func:`nesting_levels` deep and at most ``max_leaves`` scalars in all;
+    the simplest value is ``None``. Only the distribution differs: one leaf
+    budget is spent left to right instead of a whole draw being thrown away
+    when it overran. Cached: one strategy object per ``max_leaves``.
+    """
+    return _budgeted(max_leaves, nesting_levels(max_leaves))
 
 
 def first_difference(sent: Any, got: Any, path: str = "msg") -> str | None:

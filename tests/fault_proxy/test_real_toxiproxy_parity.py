@@ -222,6 +222,56 @@ def test_version_answers_have_the_same_shape(pair: tuple[_Server, _Server]) -> N
     assert len(shapes) == 1, shapes
 
 
+#: Raw requests, each on a fresh connection: the HTTP layer's own answers.
+_RAW_REQUESTS: list[bytes] = [
+    b"GET /proxies HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /proxies HTTP/1.0\r\n\r\n",
+    b"GET /proxies HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /proxies HTTP/1.1\nHost: x\nConnection: close\n\n",
+    b"GET /proxies HTTP/1.1\r\n\r\n",
+    b"garbage\r\n\r\n",
+    b"GET //proxies?a=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /proxies/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /nope HTTP/1.1\r\nHost: x\r\nUser-Agent: Mozilla/5.0\r\nConnection: close\r\n\r\n",
+    b"GET /proxies HTTP/1.1\r\nHost: x\r\nUser-Agent: Mozilla/5.0\r\nConnection: close\r\n\r\n",
+    b"PUT /proxies HTTP/1.1\r\nHost: x\r\nUser-Agent: Mozilla/5.0\r\nConnection: close\r\n\r\n",
+    b"HEAD /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"POST /proxies HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close"
+    b"\r\n\r\n1\r\n{\r\n1;ext=1\r\n}\r\n0\r\n\r\n",
+    b"POST /proxies HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n"
+    b"Connection: close\r\n\r\n{}",
+    # Pipelined: both answered, in order, on one connection.
+    b"GET /proxies/a HTTP/1.1\r\nHost: x\r\n\r\nGET /reset HTTP/1.1\r\nHost: x\r\n"
+    b"Connection: close\r\n\r\n",
+]
+
+
+def _raw_exchange(port: int, request: bytes) -> bytes:
+    """Send ``request``; everything answered until the server closes or falls silent,
+    with ``Date`` values and toxiproxy's request ids blanked."""
+    with socket.create_connection(("127.0.0.1", port), _IO_TIMEOUT_S) as sock:
+        sock.sendall(request)
+        sock.settimeout(0.5)
+        answer = b""
+        with contextlib.suppress(TimeoutError):
+            while data := sock.recv(65536):
+                answer += data
+    answer = re.sub(rb"Date: [^\r\n]+", b"Date: D", answer)
+    return re.sub(rb"X-Toxiproxy-Request-Id: [^\r\n]+\r\n", b"", answer)
+
+
+def test_http_layer_answers_the_same(pair: tuple[_Server, _Server]) -> None:
+    """Keep-alive and close, HTTP/1.0, bare LF lines, a missing Host, a malformed
+    request line, mux's path cleaning and 405s, the browser check only on matched
+    routes, chunked bodies, ``Expect: 100-continue`` and pipelining: the same
+    bytes (``Date`` and toxiproxy's random request id aside)."""
+    real, embedded = pair
+    for request in _RAW_REQUESTS:
+        want = _raw_exchange(real.lease.port, request)
+        have = _raw_exchange(embedded.lease.port, request)
+        assert have == want, f"{request!r}\nreal:     {want!r}\nembedded: {have!r}"
+
+
 # -- traffic probes -----------------------------------------------------------------
 
 

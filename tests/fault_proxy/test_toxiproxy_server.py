@@ -741,7 +741,9 @@ def test_launcher_starts_the_binary_toxiproxy_server_names(
     lease = launch()
     try:
         assert lease.kind == "binary"
-        assert lease.process is not None and lease.process.args[0] == str(fake)
+        assert lease.process is not None
+        args = lease.process.args
+        assert isinstance(args, list) and args[0] == str(fake)
         assert requests.get(f"{lease.url}/version", timeout=_IO_TIMEOUT_S).status_code == 200
     finally:
         lease.stop()

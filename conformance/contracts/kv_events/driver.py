@@ -42,6 +42,7 @@ __all__ = [
     "SubscriberFactory",
     "SubscriberService",
     "publish_copies_in_driver",
+    "publish_copies_timed_in_driver",
     "publish_many_in_driver",
     "publish_then_shutdown_in_driver",
 ]
@@ -240,6 +241,54 @@ class DriverPublisher(Remote):
         outcomes = [None if outcome is None else self._outcome(outcome) for outcome in got]
         return outcomes, self.last_call_seconds or 0.0
 
+    #: The driver declared ``publish_copies_timed`` but answered it with ``unsupported``.
+    _no_timed_copies = False
+
+    def zmq_conformance_publish_copies_timed(
+        self, batch: Any, count: int, *, limit: float,
+    ) -> tuple[list[Exception | None], list[float]] | None:
+        """``publish()`` of ``count`` copies of ``batch``, copy ``k`` with ``ts + k``, back
+        to back in the driver process, in one request (``publish_copies_timed``,
+        docs/drivers.md, section 6): what each call raised (``None``: it returned) and
+        each call's own time in seconds, as the driver measured it. ``limit`` is what
+        one call may take; the request may take that plus the crossing.
+
+        ``None``, with nothing sent, when the driver did not declare the call in its
+        hello (``calls``): the caller then makes the burst with ``publish_copies`` in
+        runs, as before this addition.
+        """
+        if (count < 1 or self._no_timed_copies
+                or not self._process.hello.offers("publish_copies_timed")):
+            return None
+        try:
+            got = self._call("publish_copies_timed", {"batch": batch, "count": count},
+                             limit=limit + watchdog.default_limit() + 0.01 * count)
+        except NotImplementedError:  # declared, then refused: the old path from now on
+            self._no_timed_copies = True
+            return None
+        except (OverflowError, TypeError) as exc:
+            refused = ValueError(f"publish(): the batch cannot cross the driver protocol "
+                                 f"({exc})")
+            return [refused] * count, [0.0] * count
+        except AssertionError:  # blocked, crashed: the verdict of the whole burst
+            raise
+        except Exception as exc:  # the call as a whole failed: each publish() raised it
+            return [exc] * count, [0.0] * count
+        shape = (f"publish_copies_timed() on {self._name}: the driver answered "
+                 f"{str(got)[:80]!r}, not a map of 'outcomes' (nil or an error map) and "
+                 f"'elapsed_ns' (an int), {count} of each")
+        if not isinstance(got, Mapping):
+            raise DriverCrashed(shape)
+        answers, elapsed = got.get("outcomes"), got.get("elapsed_ns")
+        if (not isinstance(answers, list) or not isinstance(elapsed, list)
+                or len(answers) != count or len(elapsed) != count
+                or not all(a is None or isinstance(a, Mapping) for a in answers)
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                           for n in elapsed)):
+            raise DriverCrashed(shape)
+        outcomes = [None if a is None else self._outcome(a) for a in answers]
+        return outcomes, [n / 1e9 for n in elapsed]
+
     #: The driver answered ``publish_then_shutdown`` with ``unsupported``.
     _no_burst_shutdown = False
 
@@ -383,6 +432,37 @@ def publish_copies_in_driver(publisher: Any, batch: Any, count: int,
     return outcomes, overhead + more
 
 
+def publish_copies_timed_in_driver(publisher: Any, batch: Any, count: int,
+                                   convert: Callable[[Any], Any],
+                                   error_map: Callable[[BaseException], dict[str, Any]]
+                                   ) -> tuple[dict[str, Any], int]:
+    """The Python driver's ``publish_copies_timed``: ``count`` copies of the converted
+    batch (made first, as :func:`publish_copies_in_driver` makes them), then published
+    back to back, each call timed on its own. Returns the result map (``outcomes``,
+    ``elapsed_ns`` per call) and the nanoseconds spent outside the calls."""
+    began = time.perf_counter_ns()
+    typed = convert(batch)
+    copies = [msgspec.structs.replace(typed, ts=typed.ts + k) for k in range(count)]
+    let_waiting_threads_run()  # see publish_many_in_driver: the decoding held the lock
+    outcomes: list[dict[str, Any] | None] = []
+    elapsed: list[int] = []
+    inside = 0
+    for copy in copies:
+        started = time.perf_counter_ns()
+        try:
+            publisher.publish(copy)
+        except Exception as exc:
+            took = time.perf_counter_ns() - started
+            outcomes.append(error_map(exc))
+        else:
+            took = time.perf_counter_ns() - started
+            outcomes.append(None)
+        elapsed.append(took)
+        inside += took
+    overhead = max(0, time.perf_counter_ns() - began - inside)
+    return {"outcomes": outcomes, "elapsed_ns": elapsed}, overhead
+
+
 def publish_then_shutdown_in_driver(publisher: Any, batches: Sequence[Any],
                                     convert: Callable[[Any], Any],
                                     error_map: Callable[[BaseException], dict[str, Any]]
@@ -461,6 +541,7 @@ class PublisherService(_KVService):
 
     constructors = ("publisher",)
     known_options = PUBLISHER_OPTIONS
+    declared_calls = ("publish_copies_timed",)
     error_kinds = ((PublisherClosedError, "closed"),)
 
     def _construct_publisher(self, args: dict[str, Any]) -> Any:
@@ -491,6 +572,12 @@ class PublisherService(_KVService):
                                                          self.error)
         self.overhead_ns += overhead_ns
         return outcomes
+
+    def _publisher_publish_copies_timed(self, obj: Any, batch: Any, count: int) -> Any:
+        result, overhead_ns = publish_copies_timed_in_driver(obj, batch, count, _as_batch,
+                                                             self.error)
+        self.overhead_ns += overhead_ns
+        return result
 
     def _publisher_publish_then_shutdown(self, obj: Any, batches: list[Any]) -> Any:
         result, overhead_ns = publish_then_shutdown_in_driver(obj, batches, _as_batch,

@@ -24,6 +24,7 @@ present (:func:`hostile_identities`), payloads that are not an encoded dict
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,7 +32,7 @@ from typing import Any, Final
 import msgspec
 from hypothesis import strategies as st
 
-from conformance.testing.values import INT64_MIN, UINT64_MAX, msgpack_values
+from conformance.testing.values import INT64_MIN, UINT64_MAX, budgeted_msgpack_values
 
 __all__ = [
     "LARGE_MESSAGE_BYTES",
@@ -58,10 +59,35 @@ def encoded_size(msg: Any) -> int:
     return len(_encoder.encode(msg))
 
 
+#: Fields of one message, at most; characters of a field name, at most.
+MAX_MESSAGE_FIELDS: Final = 6
+MAX_FIELD_NAME_CHARS: Final = 16
+
+_FIELD_COUNTS = st.integers(min_value=0, max_value=MAX_MESSAGE_FIELDS)
+_FIELD_NAMES = st.text(max_size=MAX_FIELD_NAME_CHARS)
+
+
+@st.composite
+def _messages(draw: st.DrawFn, values: st.SearchStrategy[Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for _ in range(draw(_FIELD_COUNTS)):
+        name = draw(_FIELD_NAMES)
+        value = draw(values)
+        # A repeated name keeps its first value: one field fewer, nothing redrawn.
+        fields.setdefault(name, value)
+    return fields
+
+
+@functools.cache
 def messages(*, max_leaves: int = 20) -> st.SearchStrategy[dict[str, Any]]:
-    """A message: a dict with ``str`` keys of :func:`msgpack_values` (a few KB at most)."""
-    return st.dictionaries(st.text(max_size=16), msgpack_values(max_leaves=max_leaves),
-                           max_size=6)
+    """A message: a dict of at most 6 fields, names of at most 16 characters, each
+    value a :func:`~conformance.testing.values.budgeted_msgpack_values` of at most
+    ``max_leaves`` leaves (a few KB at most). Cached: one strategy per ``max_leaves``.
+
+    Built field by field instead of with ``st.dictionaries``, whose unique-key
+    filter redraws a repeated name (the empty name comes up often).
+    """
+    return _messages(budgeted_msgpack_values(max_leaves=max_leaves))
 
 
 def message_of_size(size: int, *, key: str = "blob") -> dict[str, Any]:
@@ -142,8 +168,11 @@ def sized_messages(*, one_in: int = 8) -> st.SearchStrategy[dict[str, Any] | Lar
     copying megabytes; the tests add an explicit 1 MiB example so every run
     sends at least one.
     """
+    large, small = large_messages(), messages()
+    # Both built once: a strategy built inside the flatmap is built (and
+    # validated) again on every draw.
     return st.integers(min_value=1, max_value=one_in).flatmap(
-        lambda k: large_messages() if k == 1 else messages()
+        lambda k: large if k == 1 else small
     )
 
 
@@ -200,38 +229,61 @@ def _non_dict_values() -> st.SearchStrategy[Any]:
     )
 
 
-def hostile_payloads() -> st.SearchStrategy[bytes]:
-    """One frame that is not the MessagePack encoding of a ``str``-keyed dict."""
-    valid = st.builds(lambda m: _encoder.encode(m), messages(max_leaves=4))
-    return st.one_of(
+_NAMED_BAD_PAYLOADS: Final = (
+    b"",
+    b"\xc1",
+    b"\x81\x01\x02",  # map with an int key
+    b"\x81\xc4\x01k\x01",  # map with a bytes key
+    b"\x81\x90\x01",  # map with a list key (unhashable)
+    b"\x81\x80\x01",  # map with a map key (unhashable)
+    b"\x81\xa1k\xd4\x05\x00",  # an ext type value
+    b"\x81\xa1k\xd6\xff\x00\x00\x00\x00",  # the timestamp ext type
+    b"\xdf\xff\xff\xff\xff",  # map claiming 4 G entries
+    b"\xdd\xff\xff\xff\xff",  # array claiming 4 G items
+    b"\xc6\xff\xff\xff\xff",  # bin claiming 4 GB
+)
+
+
+@st.composite
+def _truncated(draw: st.DrawFn, encoded: st.SearchStrategy[bytes]) -> bytes:
+    whole = draw(encoded)
+    return whole[:draw(st.integers(0, max(len(whole) - 1, 0)))]
+
+
+@functools.cache
+def _valid_payloads() -> st.SearchStrategy[bytes]:
+    """Encoded small messages: the valid frames hostile input is made from."""
+    return st.builds(_encoder.encode, messages(max_leaves=4))
+
+
+@functools.cache
+def hostile_payloads(*, bombs: bool = True) -> st.SearchStrategy[bytes]:
+    """One frame that is not the MessagePack encoding of a ``str``-keyed dict.
+
+    With ``bombs=False``, never a :func:`nesting_bomb` (100 kB and more): the
+    same shapes otherwise, in the same proportions among themselves. Cached:
+    one strategy per argument.
+    """
+    valid = _valid_payloads()
+    shapes: list[st.SearchStrategy[bytes]] = [
         st.binary(max_size=64),  # garbage (sometimes accidentally valid)
-        st.builds(lambda v: _encoder.encode(v), _non_dict_values()),
-        valid.flatmap(lambda b: st.integers(0, max(len(b) - 1, 0)).map(lambda n: b[:n])),
+        st.builds(_encoder.encode, _non_dict_values()),
+        _truncated(valid),
         valid.map(lambda b: b + b"\xc1"),  # trailing byte (0xc1 is never used)
-        st.sampled_from(
-            [
-                b"",
-                b"\xc1",
-                b"\x81\x01\x02",  # map with an int key
-                b"\x81\xc4\x01k\x01",  # map with a bytes key
-                b"\x81\x90\x01",  # map with a list key (unhashable)
-                b"\x81\x80\x01",  # map with a map key (unhashable)
-                b"\x81\xa1k\xd4\x05\x00",  # an ext type value
-                b"\x81\xa1k\xd6\xff\x00\x00\x00\x00",  # the timestamp ext type
-                b"\xdf\xff\xff\xff\xff",  # map claiming 4 G entries
-                b"\xdd\xff\xff\xff\xff",  # array claiming 4 G items
-                b"\xc6\xff\xff\xff\xff",  # bin claiming 4 GB
-            ]
-        ),
-        # Built on demand so a failure report does not print 100 KB.
-        st.sampled_from(["arrays", "maps"]).map(nesting_bomb),
-    )
+        st.sampled_from(_NAMED_BAD_PAYLOADS),
+    ]
+    if bombs:
+        # Built on demand (and cached) so a failure report does not print 100 KB.
+        shapes.append(st.sampled_from(["arrays", "maps"]).map(nesting_bomb))
+    return st.one_of(shapes)
 
 
+@functools.cache
 def nesting_bomb(kind: str, depth: int = 100_000) -> bytes:
     """MessagePack nested ``depth`` levels deep (``"arrays"`` or ``"maps"``).
 
     Deeper than any decoder's recursion limit: decoding must fail cleanly.
+    Cached: the same bytes every time (immutable).
     """
     if kind == "arrays":
         return b"\x91" * depth + b"\xc0"
@@ -240,13 +292,16 @@ def nesting_bomb(kind: str, depth: int = 100_000) -> bytes:
     raise ValueError(f"nesting_bomb kind must be 'arrays' or 'maps', not {kind!r}")
 
 
-def hostile_frames() -> st.SearchStrategy[list[bytes]]:
+@functools.cache
+def hostile_frames(*, bombs: bool = True) -> st.SearchStrategy[list[bytes]]:
     """Frame lists a DEALER may send: wrong counts, and bad single payloads.
 
     An empty list means "one empty frame" (ZeroMQ cannot send zero frames).
+    ``bombs=False`` leaves the nesting bombs out of every payload (see
+    :func:`hostile_payloads`). Cached: one strategy per argument.
     """
-    payload = hostile_payloads()
-    valid = st.builds(lambda m: _encoder.encode(m), messages(max_leaves=4))
+    payload = hostile_payloads(bombs=bombs)
+    valid = _valid_payloads()
     return st.one_of(
         payload.map(lambda p: [p]),
         st.just([]),

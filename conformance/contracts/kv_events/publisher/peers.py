@@ -41,8 +41,8 @@ import msgspec
 import zmq
 
 from conformance.contracts.kv_events.spec import PublisherSpec
-from conformance.errors import RunError
-from conformance.supervision import watchdog
+from conformance.errors import CallBlocked, RunError
+from conformance.supervision import host_stall, watchdog
 from reference_impl.kv_events.schema import (
     END_MARKER_SEQ,
     SEQ_BYTES,
@@ -461,6 +461,55 @@ class Rig:
         if got is None:
             return self.publish_many(copies, track=track)
         return self._outcomes([restrict(c, self.profile.version) for c in copies], got, track)
+
+    def publish_copies_timed(self, batch: KVEventBatch, count: int, *, run: int,
+                             track: bool = True) -> tuple[list[bool], list[float]]:
+        """:meth:`publish_copies` of ``count`` copies, and each call's own time in seconds
+        (what it cost its caller, as :meth:`publish` counts it; ``publish_seconds``
+        grows by their sum).
+
+        In-process the calls are a plain loop, each timed. Through a driver that
+        declares ``publish_copies_timed`` (``docs/drivers.md``, section 6) the whole burst
+        is one request: the batch crosses once, not once a run, and the driver reports
+        each call's time, judged against the watchdog's limit (plus any host stall
+        measured meanwhile) as a call in-process is. A driver without it gets runs of
+        ``run`` calls by :meth:`publish_copies`, and each call of a run is credited with
+        that run's mean: so a caller that reads the times as means over runs of ``run``
+        (EVT-3) gets the same figures either way.
+        """
+        timed = getattr(self.publisher, "zmq_conformance_publish_copies_timed", None)
+        if callable(timed):
+            limit = watchdog.default_limit()
+            since = time.monotonic()
+            with watchdog.guard(f"publish() of {count} copies, back to back",
+                                limit + watchdog.default_limit() + 0.05 * count):
+                got = timed(restrict(batch, self.profile.version), count, limit=limit)
+            if got is not None:
+                outcomes, seconds = got
+                for number, took in enumerate(seconds):
+                    if took > limit + host_stall.stall_ms(since) / 1000:
+                        raise CallBlocked(f"publish() (call {number + 1} of {count} made "
+                                          f"back to back)", took)
+                copies = [restrict(msgspec.structs.replace(batch, ts=batch.ts + k),
+                                   self.profile.version) for k in range(count)]
+                return self._outcomes(copies, (outcomes, sum(seconds)), track), seconds
+        if callable(getattr(self.publisher, "zmq_conformance_publish_copies", None)):
+            accepted: list[bool] = []
+            times: list[float] = []
+            for first in range(0, count, run):
+                size = min(run, count - first)
+                before = self.publish_seconds
+                accepted += self.publish_copies(
+                    msgspec.structs.replace(batch, ts=batch.ts + first), size, track=track)
+                times += [(self.publish_seconds - before) / size] * size
+            return accepted, times
+        copies = [msgspec.structs.replace(batch, ts=batch.ts + k) for k in range(count)]
+        accepted, times = [], []
+        for copy in copies:
+            before = self.publish_seconds
+            accepted.append(self.publish(copy, track=track))
+            times.append(self.publish_seconds - before)
+        return accepted, times
 
     def _outcomes(self, batches: Sequence[KVEventBatch],
                   got: tuple[Sequence[Exception | None], float], track: bool) -> list[bool]:

@@ -96,7 +96,10 @@ class NodeRef:
 
 #: Hostile frame lists, without the 100 kB nesting bombs: those are the
 #: example tests' business and would make printed counterexamples unreadable.
-_HOSTILE_FRAMES = st.deferred(hostile_frames).filter(lambda frames: sum(map(len, frames)) < 4096)
+#: Left out where they are drawn, not filtered out after being drawn; the
+#: filter only keeps the rare long list of valid messages out as before.
+_HOSTILE_FRAMES = st.deferred(lambda: hostile_frames(bombs=False)).filter(
+    lambda frames: sum(map(len, frames)) < 4096)
 
 
 class ClusterMachine(RuleBasedStateMachine):
