@@ -16,12 +16,14 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from hypothesis import given, settings
 
 from conformance.contracts.control import preflight
 from conformance.contracts.control.harness import Rig, SuiteHandlers
 from conformance.contracts.control.machine import _relabelled
 from conformance.contracts.control.spec import make_spec
 from conformance.contracts.control.wire import PROFILES
+from conformance.contracts.control.wire import decode as wire_decode
 from conformance.errors import ConfigError
 from conformance.reporting.verdicts import one_reason, strip_hypothesis_notes
 from conformance.testing.net import free_port
@@ -110,6 +112,89 @@ def test_reference_client_and_server_on_lmcache_mq_typed_results() -> None:
         client.close()
         server.close()
     assert REFERENCE_CODES["PING"] == 12  # LMCache 0.4.3's RequestType.PING
+
+
+def test_lmcache_05_reads_like_lmcache_mq_and_never_fuzzes_stream_control() -> None:
+    ops = PROFILES["lmcache-0.5"]
+    codes = {"PING": "ping", "NOOP": 24}
+    assert ops.request(4, "PING", {"instance_id": None}, codes) == [
+        msgspec.msgpack.encode(4), msgspec.msgpack.encode("ping"), msgspec.msgpack.encode(None)]
+    assert ops.request(5, "NOOP", {}, codes)[1] == msgspec.msgpack.encode(24)
+    reply = ops.read([msgspec.msgpack.encode(4), msgspec.msgpack.encode("ping"),
+                      msgspec.msgpack.encode(True)])
+    assert reply is not None and ops.success_problem(reply, "bool") is None
+    empty = ops.read([msgspec.msgpack.encode(4), msgspec.msgpack.encode("ping")])
+    assert empty is not None and empty.empty and ops.success_problem(empty, "bool")
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=PROFILES["lmcache-0.5"].malformed({"PING": "ping", "NOOP": 24}))
+def test_lmcache_05_hostile_operations_name_nothing_declared(case: tuple[str, list[bytes]]
+                                                             ) -> None:
+    """Never a declared identifier (nor a declared type's lower-case name, which LMCache 0.5
+    routes too), never the empty frame it reads as stream control and never answers."""
+    description, frames = case
+    assert frames[0] != b"", description
+    ok, operation = wire_decode(frames[0])
+    if ok and not description.startswith("ping with"):
+        assert operation not in ("ping", "noop", 24), description
+
+
+def test_lmcache_05_capabilities() -> None:
+    from reference_impl.control import REFERENCE_MQ05
+
+    spec = make_spec(REFERENCE_MQ05)
+    assert spec.capabilities.codes()["PING"] == "ping"
+    assert spec.capabilities.codes()["ZMQC_ECHO"] == "zmqc_echo"
+    # Declared codes are the declared wire's: another profile is asked in its own terms.
+    assert spec.capabilities.codes("lmcache-mq")["PING"] == 12
+    # An empty PING body under lmcache-0.5 is ping's nil instance id; two values are not.
+    spec = make_spec(REFERENCE_MQ, overrides={"wire": "lmcache-0.5"})
+    assert dict(spec.capabilities.request_types["PING"]) == {"instance_id": None}
+    with pytest.raises(ConfigError, match="PING takes one argument"):
+        make_spec(REFERENCE_MQ05, overrides={"request_types": {"PING": {"a": 1, "b": 2}}})
+    with pytest.raises(ConfigError, match=r"which only wire=lmcache-0\.5 carries"):
+        make_spec(REFERENCE_MQ, overrides={"request_codes": {"PING": "ping"}})
+    assert make_spec(REFERENCE_MQ05, overrides={"request_types": {
+        "PING": {"instance_id": 3}, "GET_CHUNK_SIZE": {}}}).capabilities.codes()[
+        "GET_CHUNK_SIZE"] == "get_chunk_size"
+
+
+def test_reference_on_lmcache_05_routes_names_and_legacy_ids_and_echoes_the_frame() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    handlers = SuiteHandlers().for_generation(1)
+    server = ControlServer(endpoint, handlers, wire="lmcache-0.5",
+                           codes={"PING": 22, "ZMQC_ECHO": "zmqc_echo"})
+    client = ControlClient(endpoint, wire="lmcache-0.5", **_FAST)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            server.serve(10)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    enc = msgspec.msgpack.encode
+    raw: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        assert client.request("PING", {}) is True  # sent as "ping" with a nil instance id
+        assert client.request("ZMQC_ECHO", {"nonce": 7, "data": [1]}) == {"nonce": 7,
+                                                                          "data": [1]}
+        raw.connect(endpoint)
+        for rid, operation in enumerate((22, "ping"), start=1):  # legacy id and name alike
+            raw.send_multipart([enc(rid), enc(operation), enc(None)])
+            assert raw.poll(2000), f"no reply to {operation!r}"
+            assert raw.recv_multipart() == [enc(rid), enc(operation), enc(True)]
+        for rid, operation in enumerate(("PING", 12, True, None), start=10):
+            raw.send_multipart([enc(rid), enc(operation)])
+            assert raw.poll(2000), f"no error reply to {operation!r}"
+            assert raw.recv_multipart() == [enc(rid), enc(operation)]
+    finally:
+        raw.close(0)
+        stop.set()
+        thread.join(5)
+        client.close()
+        server.close()
 
 
 # -- the preflight -----------------------------------------------------------------------

@@ -20,8 +20,10 @@ makes ``alive`` False; any reply makes it True again. After a silent
 partition the first PING that cannot be answered leaves within one interval,
 so detection lands in ``[timeout, timeout + interval]`` (CTL-5).
 
-Wire: ``rep-envelope`` by default; with ``wire="lmcache-mq"`` the DEALER
-sends ``[request id, request code, *arguments]`` (a body's values are the
+Wire: ``rep-envelope`` by default; with ``wire="lmcache-mq"`` (or
+``"lmcache-0.5"``, where the code is an operation name or legacy int and PING
+carries a nil instance id) the DEALER sends ``[request id, request code,
+*arguments]`` (a body's values are the
 positional arguments) and a reply's result frame is returned as it is, typed
 (``True`` for LMCache's PING); a reply without a result frame is that
 profile's error reply and raises :class:`RequestRejected` (see
@@ -84,9 +86,10 @@ class ControlClient:
         curve_client_secret_key, curve_server_key: CURVE, off by default (see
             :mod:`reference_impl._curve`): every socket the client opens,
             rebuilt ones included, is a CURVE client pinned to the server key.
-        wire: the wire profile, ``"rep-envelope"`` or ``"lmcache-mq"``.
-        codes: the ``lmcache-mq`` request-code table (type name -> int);
-            default :data:`reference_impl.control.wire.REFERENCE_CODES`.
+        wire: the wire profile, ``"rep-envelope"``, ``"lmcache-mq"`` or ``"lmcache-0.5"``.
+        codes: the positional wires' identifier table (type name -> int code, or on
+            lmcache-0.5 an operation name or legacy int); default
+            :func:`reference_impl.control.wire.default_codes` of the wire.
     """
 
     def __init__(
@@ -102,7 +105,7 @@ class ControlClient:
         curve_client_secret_key: str | bytes | None = None,
         curve_server_key: str | bytes | None = None,
         wire: str = wire_profiles.REP_ENVELOPE,
-        codes: Mapping[str, int] | None = None,
+        codes: Mapping[str, wire_profiles.Code] | None = None,
     ) -> None:
         self._curve: CurveClient | None = client_config(curve_client_secret_key, curve_server_key)
         for name, value in (
@@ -114,9 +117,11 @@ class ControlClient:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int (milliseconds), got {value!r}")
-        self._mq = wire_profiles.check_profile(wire) == wire_profiles.LMCACHE_MQ
-        self._codes = dict(wire_profiles.REFERENCE_CODES if codes is None else codes)
-        self._ping_frames = self._request_frames(PING, {})
+        self._mq = wire_profiles.check_profile(wire) in wire_profiles.POSITIONAL
+        self._codes = dict(wire_profiles.default_codes(wire) if codes is None else codes)
+        # LMCache 0.5's ping carries the worker's instance id; nil is an untracked prober.
+        self._ping_frames = self._request_frames(
+            PING, wire_profiles.PING_BODY_05 if wire == wire_profiles.LMCACHE_05 else {})
         if register is not None:
             kind, body = register
             self._register_payload: list[bytes] | None = self._request_frames(kind, body)

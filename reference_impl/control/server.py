@@ -4,8 +4,9 @@ Every request gets exactly one reply (CTL-1..3): a handler's dict, or an
 error reply ``{"error": ...}`` for an unknown type, a malformed request or a
 handler that raised. The serve loop never dies because of a request.
 
-Wire: ``rep-envelope`` by default, ``lmcache-mq`` with ``wire="lmcache-mq"``
-(see :mod:`reference_impl.control.wire`); under ``lmcache-mq`` a handler
+Wire: ``rep-envelope`` by default, ``lmcache-mq`` with ``wire="lmcache-mq"``,
+``lmcache-0.5`` with ``wire="lmcache-0.5"`` (operation names or legacy ints;
+see :mod:`reference_impl.control.wire`); under both positional wires a handler
 receives ``{"type": name, "args": [positional arguments]}`` and may return
 any MessagePack value (a typed result: the built-in PING returns ``True``,
 as LMCache's does), ``None`` for no result frame.
@@ -60,9 +61,11 @@ class ControlServer:
             ROUTER becomes a CURVE server that lets in only the allowed client
             keys (or whom the handler allows); :meth:`serve` answers the ZAP
             requests.
-        wire: the wire profile, ``"rep-envelope"`` or ``"lmcache-mq"``.
-        codes: the ``lmcache-mq`` request-code table (type name -> int);
-            default :data:`reference_impl.control.wire.REFERENCE_CODES`.
+        wire: the wire profile, ``"rep-envelope"``, ``"lmcache-mq"`` or ``"lmcache-0.5"``.
+        codes: the positional wires' identifier table (type name -> int code, or on
+            lmcache-0.5 an operation name or legacy int; there every type also answers
+            to its name in lower case); default
+            :func:`reference_impl.control.wire.default_codes` of the wire.
     """
 
     #: Declared to the conformance suite (see ``reference_impl.control.interface``).
@@ -83,15 +86,16 @@ class ControlServer:
         curve_allowed_client_keys: Collection[str | bytes] | None = None,
         curve_zap_handler: ZapPolicy | None = None,
         wire: str = wire_profiles.REP_ENVELOPE,
-        codes: Mapping[str, int] | None = None,
+        codes: Mapping[str, wire_profiles.Code] | None = None,
     ) -> None:
         self._curve: CurveServer | None = server_config(
             curve_server_secret_key, curve_allowed_client_keys, curve_zap_handler)
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-        self._mq = wire_profiles.check_profile(wire) == wire_profiles.LMCACHE_MQ
-        table = dict(wire_profiles.REFERENCE_CODES if codes is None else codes)
-        self._names = {code: name for name, code in table.items()}
+        self._wire = wire_profiles.check_profile(wire)
+        self._mq = wire in wire_profiles.POSITIONAL
+        table = dict(wire_profiles.default_codes(wire) if codes is None else codes)
+        self._names = wire_profiles.operation_names(table, wire)
         self._handlers: dict[str, Handler] = self._builtin_handlers()
         self._handlers.update(handlers or {})
         self._max_batch = max_batch
@@ -212,7 +216,7 @@ class ControlServer:
         except ValueError:
             self._send_frames(head)
             return
-        name = self._names.get(code) if isinstance(code, int) else None
+        name = wire_profiles.lookup(self._names, code, self._wire)
         handler = self._handlers.get(name) if name is not None else None
         if name is None or handler is None:
             self._send_frames(head)

@@ -441,7 +441,7 @@ class WireClient:
 
     def __init__(self, endpoint: str, kind: int = zmq.DEALER, *,
                  secure: Callable[[zmq.Socket[bytes]], None] | None = None,
-                 profile: WireProfile | None = None, codes: Mapping[str, int] | None = None,
+                 profile: WireProfile | None = None, codes: Mapping[str, Any] | None = None,
                  watch: Callable[[], None] | None = None, clause: str = "CTL-1",
                  **options: int) -> None:
         self.ctx = zmq.Context()

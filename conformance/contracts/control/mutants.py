@@ -9,6 +9,7 @@ against each and reports the clauses that failed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
@@ -23,15 +24,19 @@ from reference_impl.control import (
     ControlServer,
     Handler,
     Message,
+    Mq05ControlClient,
+    Mq05ControlServer,
     MqControlClient,
     MqControlServer,
     RequestRejected,
     RequestTimeout,
     is_error_reply,
 )
+from reference_impl.control.wire import lookup as wire_lookup
 
 BASE: Final = "reference_impl.control:REFERENCE"
 BASE_MQ: Final = "reference_impl.control:REFERENCE_MQ"
+BASE_MQ05: Final = "reference_impl.control:REFERENCE_MQ05"
 _M = "conformance.contracts.control.mutants"
 
 
@@ -282,6 +287,37 @@ class OwnThreadDiesOnUnknownCode(OwnThreadServer):
     inner = MqUnknownCodeKillsLoopServer
 
 
+# -- lmcache-0.5 servers -------------------------------------------------------------
+
+
+class Mq05IntsOnlyServer(Mq05ControlServer):
+    """Kept 0.4's routing on the 0.5 wire: only int codes select an operation, so an
+    operation name (``"ping"``, what the 0.5 profile sends) gets the error reply."""
+
+    def _answer_mq(self, frames: list[bytes]) -> None:
+        if len(frames) >= 3:
+            with contextlib.suppress(msgspec.DecodeError, ValueError):
+                if isinstance(msgspec.msgpack.decode(frames[2]), str):
+                    self._send_frames(frames[:3])  # MUTATION: names are not routed
+                    return
+        super()._answer_mq(frames)
+
+
+class Mq05SilentOnUnknownServer(Mq05ControlServer):
+    """LMCache 0.5.6's ``MessageQueueServer``: an operation it has no handler for (or
+    cannot decode) is logged and never answered."""
+
+    def _answer_mq(self, frames: list[bytes]) -> None:
+        if len(frames) >= 3:
+            try:
+                name = wire_lookup(self._names, msgspec.msgpack.decode(frames[2]), "lmcache-0.5")
+            except (msgspec.DecodeError, ValueError):
+                name = None
+            if name is None or name not in self._handlers:
+                return  # MUTATION: no reply
+        super()._answer_mq(frames)
+
+
 # -- implementations and the catalog ---------------------------------------------
 
 class ZapAllowsEveryoneServer(ControlServer):
@@ -337,6 +373,9 @@ MQ_UNKNOWN_CODE_KILLS_LOOP = ControlImplementation(server=MqUnknownCodeKillsLoop
                                                    client=MqControlClient)
 #: The reference's lmcache-mq server on its own I/O thread (correct; for the project's tests).
 MQ_OWN_THREAD = ControlImplementation(server=OwnThreadServer, client=MqControlClient)
+MQ05_INTS_ONLY = ControlImplementation(server=Mq05IntsOnlyServer, client=Mq05ControlClient)
+MQ05_SILENT_ON_UNKNOWN = ControlImplementation(server=Mq05SilentOnUnknownServer,
+                                               client=Mq05ControlClient)
 MQ_OWN_THREAD_DIES = ControlImplementation(server=OwnThreadDiesOnUnknownCode,
                                            client=MqControlClient)
 
@@ -391,6 +430,13 @@ CATALOG: Final[tuple[Mutant, ...]] = (
        "lmcache-mq, a server with its own I/O thread: an unknown request code kills the "
        "thread and the server answers nothing more", "ctl-mq-own-thread-dies", "CTL-2",
        base=BASE_MQ),
+    _m("ctl_mq05_names_unrouted", "MQ05_INTS_ONLY",
+       "lmcache-0.5: only int codes are routed (0.4's enum), so the operation name 'ping' "
+       "gets the error reply", "ctl-mq05-names-unrouted", "CTL-1", base=BASE_MQ05),
+    _m("ctl_mq05_silent_on_unknown_operation", "MQ05_SILENT_ON_UNKNOWN",
+       "lmcache-0.5: an unknown or undecodable operation is logged and never answered "
+       "(LMCache 0.5.6's MessageQueueServer)", "ctl-mq05-silent-on-unknown", "CTL-2",
+       base=BASE_MQ05),
     _m("ctl_blocking_reply_send", "BLOCKING_REPLY",
        "ROUTER_MANDATORY with a blocking send: a client that stops reading stalls the server",
        "ctl-blocking-reply", "CTL-7"),

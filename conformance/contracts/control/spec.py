@@ -11,6 +11,7 @@ server factory, or on the client factory when there is no server (see
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,8 +40,10 @@ class ControlCapabilities:
     succeed (under ``lmcache-mq`` the body's values are the positional
     arguments); ``head_of_line``: ``serial`` or ``concurrent``; ``wire``: the
     wire profile it speaks (:mod:`conformance.contracts.control.wire`);
-    ``request_codes``: the lmcache-mq code of each request type (default:
-    the reference's table); ``results``: the type each declared request's
+    ``request_codes``: the code of each request type on a positional wire
+    (lmcache-mq: an int, default the reference's table; lmcache-0.5: an
+    operation name or a legacy int, default the type's name in lower case);
+    ``results``: the type each declared request's
     success result has (``any``, ``map``, ``bool``, ``int``, ``str``,
     ``none``; default ``map`` under rep-envelope, ``any`` otherwise);
     ``added_handlers``: whether the handlers the suite passes to the server
@@ -51,17 +54,27 @@ class ControlCapabilities:
     request_types: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"PING": {}})
     head_of_line: str = "serial"
     wire: str = "rep-envelope"
-    request_codes: Mapping[str, int] = field(default_factory=dict)
+    request_codes: Mapping[str, int | str] = field(default_factory=dict)
     results: Mapping[str, str] = field(default_factory=dict)
     added_handlers: bool = True
     #: Server and client take the CURVE keywords of :mod:`conformance.testing.credentials` (CTL-8).
     authentication: bool = False
 
-    def codes(self) -> dict[str, int]:
-        """The lmcache-mq code table: the suite's reserved codes, the reference's, the declared."""
-        from reference_impl.control.wire import REFERENCE_CODES
+    def codes(self, wire: str | None = None) -> dict[str, int | str]:
+        """The identifier table of a positional wire: the profile's defaults for PING and
+        the suite's types, then (on the declared wire only: declared codes are that
+        wire's numbers) the declared codes; on lmcache-0.5 a declared type without a code
+        is its name in lower case. ``wire`` other than the declared one is the
+        preflight asking another profile in that profile's own terms."""
+        from reference_impl.control.wire import LMCACHE_05, default_codes
 
-        return {**REFERENCE_CODES, **self.request_codes}
+        wire = wire or self.wire
+        declared = self.request_codes if wire == self.wire else {}
+        table: dict[str, int | str] = {**default_codes(wire), **declared}
+        if wire == LMCACHE_05:
+            for kind in self.request_types:
+                table.setdefault(kind, kind.lower())
+        return table
 
     def result_of(self, kind: str) -> str:
         default = "map" if self.wire == "rep-envelope" else "any"
@@ -77,7 +90,11 @@ class ControlCapabilities:
         if unknown:
             raise ConfigError(f"{origin}: unknown capability {unknown[0]!r}; known: "
                               f"{', '.join(sorted(known))}")
-        types = values.get("request_types", {"PING": {}})
+        from reference_impl.control.wire import LMCACHE_05, PING_BODY_05
+
+        wire = profile(str(values.get("wire", "rep-envelope")), origin=f"{origin}: wire").name
+        types = values.get("request_types",
+                           {"PING": dict(PING_BODY_05) if wire == LMCACHE_05 else {}})
         if not isinstance(types, Mapping) or not all(
             isinstance(k, str) and isinstance(v, Mapping) for k, v in types.items()
         ):
@@ -87,14 +104,19 @@ class ControlCapabilities:
         if hol not in HEAD_OF_LINE:
             raise ConfigError(f"{origin}: head_of_line must be one of {', '.join(HEAD_OF_LINE)},"
                               f" got {hol!r}")
-        wire = profile(str(values.get("wire", "rep-envelope")), origin=f"{origin}: wire").name
         codes = values.get("request_codes", {})
         if not isinstance(codes, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+            isinstance(k, str) and isinstance(v, (int, str)) and not isinstance(v, bool)
             for k, v in codes.items()
         ):
             raise ConfigError(f"{origin}: request_codes must map each type (str) to its "
-                              "lmcache-mq code (an int), e.g. {'PING': 12}")
+                              "code: an int (lmcache-mq, e.g. {'PING': 12}) or on lmcache-0.5 "
+                              "an operation name or legacy int (e.g. {'PING': 'ping'})")
+        names = sorted(k for k, v in codes.items() if isinstance(v, str))
+        if names and wire != LMCACHE_05:
+            raise ConfigError(f"{origin}: request_codes gives {names[0]!r} the operation name "
+                              f"{codes[names[0]]!r}, which only wire=lmcache-0.5 carries "
+                              f"(wire={wire} codes are ints)")
         results = values.get("results", {})
         if not isinstance(results, Mapping) or not all(
             isinstance(k, str) and v in RESULT_TYPES for k, v in results.items()
@@ -110,6 +132,15 @@ class ControlCapabilities:
         caps = cls(request_types=dict(types), head_of_line=hol, wire=wire,
                    request_codes=dict(codes), results=dict(results), added_handlers=added,
                    authentication=authentication)
+        if wire == LMCACHE_05 and "PING" in caps.request_types:
+            ping = caps.request_types["PING"]
+            if len(ping) > 1:
+                raise ConfigError(f"{origin}: under wire=lmcache-0.5 PING takes one argument, "
+                                  "the worker's instance id or nil, e.g. request_types "
+                                  "{'PING': {'instance_id': None}}")
+            if not ping:  # LMCache 0.5's ping always carries one: nil, an untracked prober
+                caps = dataclasses.replace(caps, request_types={
+                    **caps.request_types, "PING": dict(PING_BODY_05)})
         if wire == "lmcache-mq":
             missing = sorted(set(caps.request_types) - set(caps.codes()))
             if missing:

@@ -14,6 +14,11 @@ profiles independently, so each side checks the other.
   MessagePack frame (id and code ints, one frame per positional argument);
   the server echoes id and code and appends the typed result, or nothing
   for ``None``. The profile's error reply is the echo with no result frame.
+- ``lmcache-0.5`` v1 (LMCache 0.5.x's ZMQ transport): the same frames, but the
+  operation frame is a MessagePack str, the operation's snake_case name, or
+  the frozen legacy int of an operation older than name routing; the server
+  echoes the operation frame as it came. PING (``ping``) takes one
+  argument, an instance id or nil. Error reply: the echo, no result frame.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ class WireProfile(ABC):
 
     @abstractmethod
     def request(self, rid: int, kind: str, body: Mapping[str, Any],
-                codes: Mapping[str, int]) -> list[bytes]:
+                codes: Mapping[str, Any]) -> list[bytes]:
         """The frames a DEALER sends for one well-formed request."""
 
     @abstractmethod
@@ -101,7 +106,7 @@ class WireProfile(ABC):
         decode under this profile."""
 
     @abstractmethod
-    def malformed(self, codes: Mapping[str, int]
+    def malformed(self, codes: Mapping[str, Any]
                   ) -> st.SearchStrategy[tuple[str, list[bytes]]]:
         """(description, frames after the correlation frame) of unknown or malformed requests."""
 
@@ -125,7 +130,7 @@ class RepEnvelope(WireProfile):
         return rid.to_bytes(8, "big")
 
     def request(self, rid: int, kind: str, body: Mapping[str, Any],
-                codes: Mapping[str, int]) -> list[bytes]:
+                codes: Mapping[str, Any]) -> list[bytes]:
         return [self.correlation(rid), b"", encode({"type": kind, **body})]
 
     def read(self, frames: list[bytes]) -> Reply | None:
@@ -137,7 +142,7 @@ class RepEnvelope(WireProfile):
         error = value.get("error")
         return Reply(frames[0], error if isinstance(error, str) else None, value)
 
-    def malformed(self, codes: Mapping[str, int]
+    def malformed(self, codes: Mapping[str, Any]
                   ) -> st.SearchStrategy[tuple[str, list[bytes]]]:
         unknown = st.text(min_size=1, max_size=12).filter(
             lambda t: not t.startswith("ZMQC_") and t not in codes and t != "PING")
@@ -167,9 +172,9 @@ class LmcacheMq(WireProfile):
         return encode(rid)
 
     def request(self, rid: int, kind: str, body: Mapping[str, Any],
-                codes: Mapping[str, int]) -> list[bytes]:
+                codes: Mapping[str, Any]) -> list[bytes]:
         if kind not in codes:
-            raise ConfigError(f"lmcache-mq: no request code for {kind!r}; declare it in the "
+            raise ConfigError(f"{self.name}: no request code for {kind!r}; declare it in the "
                               "capability request_codes")
         return [self.correlation(rid), encode(codes[kind]), *(encode(v) for v in body.values())]
 
@@ -187,7 +192,7 @@ class LmcacheMq(WireProfile):
             return None
         return Reply(frames[0], None, value)
 
-    def malformed(self, codes: Mapping[str, int]
+    def malformed(self, codes: Mapping[str, Any]
                   ) -> st.SearchStrategy[tuple[str, list[bytes]]]:
         known = set(codes.values())
         unknown = st.integers(0, 2**16).filter(lambda c: c not in known)
@@ -206,7 +211,46 @@ class LmcacheMq(WireProfile):
         return st.one_of(*cases)
 
 
-PROFILES: Final[dict[str, WireProfile]] = {p.name: p for p in (RepEnvelope(), LmcacheMq())}
+class LmcacheOperations(LmcacheMq):
+    """LMCache 0.5's wire: ``LmcacheMq``'s frames with operation names (or legacy ints).
+
+    Replies read exactly as under lmcache-mq (the operation frame is echoed, not
+    interpreted). The hostile inputs are the operation frames this wire can carry
+    that name nothing: unknown names, unknown ints, identifiers of another type,
+    undecodable frames (never an empty one: that is LMCache's stream control,
+    which it never answers), and a declared operation with an undecodable
+    argument.
+    """
+
+    name = "lmcache-0.5"
+    version = 1
+    summary = ("LMCache 0.5.x ZMQ transport: DEALER [id, operation name (str) or legacy int, "
+               "*positional MessagePack arguments], no delimiter; replies [id, operation, typed "
+               "result] or [id, operation]")
+
+    def malformed(self, codes: Mapping[str, Any]
+                  ) -> st.SearchStrategy[tuple[str, list[bytes]]]:
+        taken = {*codes.values(), *(kind.lower() for kind in codes)}
+        unknown_name = st.text(min_size=1, max_size=16).filter(lambda t: t not in taken)
+        unknown_id = st.integers(0, 2**16).filter(lambda c: c not in taken)
+        ping = codes.get("PING")
+        cases = [
+            unknown_name.map(lambda t: (f"unknown operation {t!r}", [encode(t)])),
+            unknown_id.map(lambda c: (f"unknown legacy operation id {c}", [encode(c)])),
+            st.sampled_from([None, 1.5, [1], b"ping", {"op": "ping"}, True])
+            .map(lambda c: (f"operation {c!r} is neither a name nor an int", [encode(c)])),
+            st.binary(min_size=1, max_size=12).filter(lambda b: not decode(b)[0])
+            .map(lambda b: (f"undecodable operation frame {b!r}", [b])),
+        ]
+        if ping is not None:
+            cases.append(st.binary(min_size=1, max_size=12).filter(lambda b: not decode(b)[0])
+                         .map(lambda b: (f"ping with an undecodable argument frame {b!r}",
+                                         [encode(ping), b])))
+        return st.one_of(*cases)
+
+
+PROFILES: Final[dict[str, WireProfile]] = {
+    p.name: p for p in (RepEnvelope(), LmcacheMq(), LmcacheOperations())}
 
 
 def profile(name: str, *, origin: str = "capability wire") -> WireProfile:

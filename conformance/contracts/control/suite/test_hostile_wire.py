@@ -69,7 +69,7 @@ def _declared_probe(r: Rig, when: str) -> None:
     is CTL-1's, after them this clause's."""
     caps = r.spec.capabilities
     others = [(k, dict(v)) for k, v in caps.request_types.items() if k != "PING"]
-    kind, body = others[0] if others else ("PING", {})
+    kind, body = others[0] if others else ("PING", dict(caps.request_types["PING"]))
     clause = "CTL-1" if when == "before" else CLAUSE
     where = ("before any hostile byte" if when == "before"
              else "after hostile bytes and a flood")

@@ -63,7 +63,7 @@ def _probe_type(spec: ControlSpec) -> tuple[str, dict[str, Any]]:
     if spec.capabilities.added_handlers:
         return ECHO, {"nonce": nonce()}
     others = [(k, dict(v)) for k, v in spec.capabilities.request_types.items() if k != "PING"]
-    return others[0] if others else ("PING", {})
+    return others[0] if others else ("PING", dict(spec.capabilities.request_types["PING"]))
 
 
 def _still_serving(r: Rig, clause: str) -> None:
