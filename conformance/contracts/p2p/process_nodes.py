@@ -63,7 +63,7 @@ from conformance.contracts import NODE_MODES
 from conformance.contracts.p2p import _node_forks, _node_worker
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.errors import CallBlocked, ConfigError, RunError
-from conformance.supervision import cleanup, watchdog
+from conformance.supervision import cleanup, runqueue, watchdog
 
 __all__ = [
     "NodePaused",
@@ -538,6 +538,10 @@ cleanup.at_session_end(shutdown)
 def live_pids() -> list[int]:
     """Pids of the local node processes started and not yet ended."""
     return _POOL.pids()
+
+
+# The implementation's threads run in the node processes: waits count their queue too.
+runqueue.add_pid_source(live_pids)
 
 
 # -- the proxies -----------------------------------------------------------------
