@@ -205,9 +205,7 @@ class LmcacheMq(WireProfile):
             .map(lambda b: (f"undecodable request code frame {b!r}", [b])),
         ]
         if ping is not None:
-            cases.append(st.binary(min_size=1, max_size=12).filter(lambda b: not decode(b)[0])
-                         .map(lambda b: (f"PING with an undecodable argument frame {b!r}",
-                                         [encode(ping), b])))
+            cases.append(_undecodable_argument("PING", ping))
         return st.one_of(*cases)
 
 
@@ -243,10 +241,15 @@ class LmcacheOperations(LmcacheMq):
             .map(lambda b: (f"undecodable operation frame {b!r}", [b])),
         ]
         if ping is not None:
-            cases.append(st.binary(min_size=1, max_size=12).filter(lambda b: not decode(b)[0])
-                         .map(lambda b: (f"ping with an undecodable argument frame {b!r}",
-                                         [encode(ping), b])))
+            cases.append(_undecodable_argument("ping", ping))
         return st.one_of(*cases)
+
+
+def _undecodable_argument(label: str, code: Any) -> st.SearchStrategy[tuple[str, list[bytes]]]:
+    """A declared operation ``code`` followed by an argument frame that does not decode."""
+    return (st.binary(min_size=1, max_size=12).filter(lambda b: not decode(b)[0])
+            .map(lambda b: (f"{label} with an undecodable argument frame {b!r}",
+                            [encode(code), b])))
 
 
 PROFILES: Final[dict[str, WireProfile]] = {
