@@ -38,6 +38,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -152,14 +153,23 @@ def _run(pytest_args: list[str], json_path: Path, *, lean: list[str] | None = No
     and the user's transport), then derive the exit status from the verdicts.
 
     With ``lean`` (:func:`run_args.lean_plugins`), the child loads only those
-    plugins; if it then stops on a usage error (the caller's ini may name
-    another plugin's options) it runs again with every plugin.
+    plugins; if it then stops on a usage error that is not the suite's own (the
+    caller's ini may name another plugin's options) it runs again with every
+    plugin.
     """
     command = [sys.executable, "-m", "pytest", *pytest_args]
     if lean is not None:
+        handle, name = tempfile.mkstemp(prefix="zmq-conformance-", suffix=".usage-error")
+        os.close(handle)
+        own_error = Path(name)
+        own_error.unlink()
         outcome = supervisor.run([*command[:3], *lean, *pytest_args], report=json_path,
-                                 env=run_args.lean_env())
-        if outcome.returncode == _USAGE_ERROR and outcome.interrupted_by is None:
+                                 env=run_args.lean_env(own_error))
+        # The suite's own refusal (a profile mismatch, ...) is final; any other usage
+        # error may be an ini option of a plugin the lean run did not load.
+        ours = own_error.exists()
+        own_error.unlink(missing_ok=True)
+        if outcome.returncode == _USAGE_ERROR and outcome.interrupted_by is None and not ours:
             outcome = supervisor.run(command, report=json_path)
     else:
         outcome = supervisor.run(command, report=json_path)

@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from conformance.config import collection, hypothesis_warmup, options
+from conformance.config import collection, hypothesis_warmup, options, run_args
 from conformance.config import session as sessions
 from conformance.config.fixtures import zmq_transport_factory, zmq_transport_spec
 from conformance.errors import ConfigError
@@ -81,6 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         state = sessions.configure(config)
     except ConfigError as exc:
+        run_args.note_own_usage_error(str(exc))
         raise pytest.UsageError(str(exc)) from None
     config.stash[sessions.STATE] = state
     config.pluginmanager.register(recording.Recorder(config, state), _RECORDER)

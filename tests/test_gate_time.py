@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -120,7 +121,9 @@ def test_the_child_loads_only_the_suite_plugins_unless_told_otherwise(
     assert named[0] == run_args.PLUGIN_MODULE and "conformance" not in named
     assert "_hypothesis_pytestplugin" in named and "xdist.plugin" in named
     assert "xdist.plugin" not in (run_args.lean_plugins(_namespace(), []) or [])
-    assert run_args.lean_env()["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    env = run_args.lean_env(Path("/nonexistent/usage-error"))
+    assert env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert env[run_args.OWN_USAGE_ERROR_ENV] == "/nonexistent/usage-error"
     # Arguments for pytest may name any plugin's options: every plugin then.
     assert run_args.lean_plugins(_namespace("--", "--cov"), ["-n", "2"]) is None
     monkeypatch.setenv("PYTEST_ADDOPTS", "--cov")

@@ -162,7 +162,8 @@ def test_the_04_profile_on_an_056_server_is_one_line_naming_lmcache_05(
                        "-k", "ctl1_every", "--reruns", "0", "-n", "0")
     assert run.status == 2, run.output
     errors = [line for line in run.output.splitlines() if line.startswith("ERROR: control:")]
-    assert errors and set(errors) == {errors[0]}, run.output
+    # One line: the suite's own refusal is final (no second run with every plugin).
+    assert len(errors) == 1, run.output
     assert "under wire profile lmcache-mq" in errors[0]
     assert "only error replies" in errors[0]
     assert errors[0].endswith("it answers under lmcache-0.5: declare --capability "

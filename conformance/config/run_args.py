@@ -9,6 +9,7 @@ are one-line :class:`ConfigError`\ s naming the option.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -262,9 +263,24 @@ def lean_plugins(args: argparse.Namespace, pytest_args: Sequence[str]) -> list[s
     return out
 
 
-def lean_env() -> dict[str, str]:
-    """This process's environment with plugin autoload off (see :func:`lean_plugins`)."""
-    return {**os.environ, _NO_AUTOLOAD: "1"}
+#: Where the plugin notes that it refused the configuration itself (a preflight
+#: mismatch, a bad option value): a lean run's usage error that is the suite's own is
+#: final, not a reason to run again with every plugin.
+OWN_USAGE_ERROR_ENV: Final = "ZMQ_CONFORMANCE_OWN_USAGE_ERROR"
+
+
+def lean_env(own_usage_error: Path) -> dict[str, str]:
+    """This process's environment with plugin autoload off (see :func:`lean_plugins`), and
+    ``own_usage_error`` as the file the plugin writes when it refuses the configuration."""
+    return {**os.environ, _NO_AUTOLOAD: "1", OWN_USAGE_ERROR_ENV: os.fspath(own_usage_error)}
+
+
+def note_own_usage_error(message: str) -> None:
+    """The plugin refused the configuration: say so to a CLI waiting on a lean run."""
+    path = os.environ.get(OWN_USAGE_ERROR_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            Path(path).write_text(message)
 
 
 def plugin_autoloaded() -> bool:
