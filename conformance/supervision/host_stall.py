@@ -218,9 +218,9 @@ def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False,
     timeout - interval: a correct transport may declare a starved connection dead").
     With ``in_all`` the stalls are summed (:func:`stolen_ms`): for a bound that many
     short round trips must fit in, where no single stall need be long. A sum is also
-    read from the processes doing the work, this one, driver processes and ``pids``
-    (node processes):
-    the longest run-queue wait of any one of their threads
+    read from the processes doing the work (this one, the driver and node processes of
+    :func:`~conformance.supervision.runqueue.working_pids`, and ``pids``): the longest
+    run-queue wait of any one of their threads
     (:class:`~conformance.supervision.runqueue.HostDelay`). The meter, which sleeps
     between samples, is woken promptly on a busy host while processes that compute
     wait their turn; at load 13-22 a PROC-3 "at once" bound failed on the reference
