@@ -84,10 +84,10 @@ def _check_bounds(value: Any, levels: int) -> None:
 
 
 @functools.cache
-def _sample(strategy: st.SearchStrategy[Any]) -> tuple[Any, ...]:
+def _sample(strategy: st.SearchStrategy[Any], at: int = 0) -> tuple[Any, ...]:
     drawn: list[Any] = []
 
-    @seed(0)
+    @seed(at)
     @settings(max_examples=_SAMPLE_SIZE, database=None, deadline=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(strategy)
@@ -98,12 +98,21 @@ def _sample(strategy: st.SearchStrategy[Any]) -> tuple[Any, ...]:
     return tuple(drawn)
 
 
+#: Samples (of :data:`_SAMPLE_SIZE` draws, each from its own seed) :func:`_reaches` tries:
+#: a rare shape (the deepest nesting at 20 leaves) was missed by one sample of 250 once,
+#: in a fresh-clone CI run under ``pytest -n auto`` (not reproduced alone; why that
+#: sample differed is not known).
+_REACH_SAMPLES = 4
+
+
 def _reaches(strategy: st.SearchStrategy[Any], condition: Any) -> Any:
     """The first drawn value meeting ``condition`` (the test fails if none does)."""
-    for value in _sample(strategy):
-        if condition(value):
-            return value
-    raise AssertionError(f"{_SAMPLE_SIZE} draws of {strategy!r:.80} never met the condition")
+    for at in range(_REACH_SAMPLES):
+        for value in _sample(strategy, at):
+            if condition(value):
+                return value
+    raise AssertionError(f"{_REACH_SAMPLES} x {_SAMPLE_SIZE} draws of {strategy!r:.80} never "
+                         "met the condition")
 
 
 @pytest.mark.parametrize(("max_leaves", "levels"),
