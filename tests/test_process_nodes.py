@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,8 +244,17 @@ def test_interrupted_pytest_run_with_process_nodes_leaves_nothing(tmp_path: Path
                 pids = [int(p) for p in line.split("PIDS", 1)[1].split()]
                 break
         assert len(pids) == 2
+        # Read what the interrupted run prints from here on: a full pipe would block
+        # its writes (pytest's, the nodes' logs) and keep it from exiting.
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.extend(proc.stdout or ()), daemon=True)
+        reader.start()
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the interrupted run did not exit within 30 s; its output "
+                                 f"after SIGINT ended: {''.join(rest)[-2000:]}") from None
         assert _wait_gone(pids) == [], f"node processes {pids} outlived the interrupted run"
     finally:
         if proc.poll() is None:

@@ -58,6 +58,8 @@ from conformance.contracts.control.harness import (
     nonce,
 )
 from conformance.contracts.control.spec import ControlSpec
+from conformance.errors import HostStalled
+from conformance.supervision import host_stall
 from conformance.testing import state_machines
 from conformance.testing.values import msgpack_values
 
@@ -156,10 +158,17 @@ class ControlMachine(RuleBasedStateMachine):
             self.outage_since = None
 
     def _expect_failure(self, kind: str, body: dict[str, Any]) -> None:
+        window = host_stall.Window()
         reply, _, took = self._client().attempt(kind, body)
         assert reply is None, (
             f"CTL-4: {kind} succeeded ({reply!r:.80}) while the server is "
             f"{'partitioned' if self.partitioned else 'stopped'}")
+        if took > _FAIL_BY_S and took * 1000 - window.stolen_ms() <= _FAIL_BY_S * 1000:
+            # The host kept the client (or this process) waiting for the whole overrun.
+            raise HostStalled(f"CTL-4: {kind} failed after {took * 1000:.0f} ms, over the "
+                              f"{_FAIL_BY_S * 1000:.0f} ms bound, but the host kept the "
+                              f"working processes waiting {window.stolen_ms():.0f} ms "
+                              "meanwhile (overloaded): no verdict on the time")
         assert took <= _FAIL_BY_S, (
             f"CTL-4: {kind} to an unreachable server failed only after {took * 1000:.0f} ms "
             f"(request timeout {REQUEST_TIMEOUT_MS} ms + {SLACK_MS} ms slack)")

@@ -67,12 +67,12 @@ def _try(client: Client) -> bool:
     return reply is not None
 
 
-def _unless_host_stole(clause: str, since: float, took_s: float, bound_s: float,
+def _unless_host_stole(clause: str, window: host_stall.Window, took_s: float, bound_s: float,
                        what: str) -> None:
     """``took_s`` overran ``bound_s``: a run error if the time the host demonstrably kept
     processes waiting in the window explains the overrun (without it the call would have
     been in time), else return and let the caller's assertion judge."""
-    stolen = host_stall.stolen_ms(since)
+    stolen = window.stolen_ms()
     if took_s * 1000 - stolen <= bound_s * 1000:
         raise HostStalled(f"{clause}: {what} took {took_s * 1000:.0f} ms, over the "
                        f"{bound_s * 1000:.0f} ms bound, but the host stalled processes for "
@@ -80,12 +80,11 @@ def _unless_host_stole(clause: str, since: float, took_s: float, bound_s: float,
 
 
 def _fails_in_time(client: Client, clause: str, what: str) -> float:
-    host_stall.start()
-    since = time.monotonic()
+    window = host_stall.Window()
     reply, _exc, took = client.attempt(ECHO, {"nonce": nonce()})
     assert reply is None, f"{clause}: {what}: the request succeeded ({reply!r:.80}) with no server"
     if took > _FAIL_BY_S:
-        _unless_host_stole(clause, since, took, _FAIL_BY_S, f"{what}: the failed request")
+        _unless_host_stole(clause, window, took, _FAIL_BY_S, f"{what}: the failed request")
     assert took <= _FAIL_BY_S, (
         f"{clause}: {what}: the request failed only after {took * 1000:.0f} ms; the timeout is "
         f"{REQUEST_TIMEOUT_MS} ms (+{SLACK_MS} ms slack)")
@@ -192,6 +191,7 @@ def test_ctl5_silent_server_detected_within_window_then_alive(
         started = time.monotonic()
         r.stop_server()
         stopped = time.monotonic()
+        after_stop = host_stall.Window()
         dead_at, granularity = _watch(client, until=stopped + 3 * HEARTBEAT_TIMEOUT_MS / 1000,
                                       want=False)
         latest = HEARTBEAT_TIMEOUT_MS + HEARTBEAT_IVL_MS + SLACK_MS + granularity
@@ -218,7 +218,7 @@ def test_ctl5_silent_server_detected_within_window_then_alive(
             f"CTL-5: marked dead {(dead_at - started) * 1000:.0f} ms after the server stopped, "
             f"before timeout - interval = {earliest} ms")
         if detection > latest:
-            _unless_host_stole("CTL-5", stopped, detection / 1000, latest / 1000,
+            _unless_host_stole("CTL-5", after_stop, detection / 1000, latest / 1000,
                                "detecting the stopped server")
         assert detection <= latest, (
             f"CTL-5: marked dead only {detection:.0f} ms after the server stopped; allowed "
