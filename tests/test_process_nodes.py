@@ -231,6 +231,10 @@ def test_interrupted_pytest_run_with_process_nodes_leaves_nothing(tmp_path: Path
                 print("PIDS", " ".join(map(str, live_pids())), flush=True)
                 time.sleep(60)
     """))
+    # Python keeps an inherited "ignore SIGINT" (a job started in the background of a
+    # non-interactive shell has one): the child's conftest restores Ctrl-C.
+    (tmp_path / "conftest.py").write_text(
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider",
          "--zmq-nodes", "process", str(test_file)],
