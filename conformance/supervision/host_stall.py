@@ -244,6 +244,7 @@ def excused(clause: str, *, slack_ms: float, why: str, in_all: bool = False,
     A blocked call (:class:`CallBlocked`) and every other exception pass unchanged; so does
     the failure when the host ran promptly, which is then the verdict it always was.
     """
+    start()
     window = Window(pids) if in_all else None
     since = time.monotonic()
     try:
