@@ -357,3 +357,19 @@ def test_resources_see_a_socket_open_and_close() -> None:
             resources.wait_for_release(before, what="a held socket", timeout=0.05)
     finally:
         held.close()
+
+
+def test_the_cheap_descriptor_count_agrees_with_a_snapshot() -> None:
+    """fd_count() (a listing) counts what snapshot() (a listing and readlinks) counts,
+    the listing's own descriptor left out by both."""
+    if not resources.supported():
+        pytest.skip("no descriptor counting here")
+    assert resources.fd_count() == resources.snapshot().fd_count
+    first, second = socket.socketpair()
+    try:
+        assert resources.fd_count() == resources.snapshot().fd_count
+        count = resources.fd_count()
+    finally:
+        first.close()
+        second.close()
+    assert resources.fd_count() == count - 2

@@ -384,7 +384,7 @@ class ClusterMachine(RuleBasedStateMachine):
             return
         allowed = (FDS_PER_CONNECTION * self.model.live_entries()
                    + FDS_PER_HOSTILE * len(self._hostiles) + FD_SLACK)
-        if resources.snapshot().fd_count <= self._baseline.fd_count + allowed:
+        if resources.fd_count() <= self._baseline.fd_count + allowed:
             return
         # Closed sockets are released asynchronously: judge once the count is
         # stable (quick for a leak, which stays put) rather than after a timeout.
@@ -461,7 +461,7 @@ class ClusterMachine(RuleBasedStateMachine):
         outcome = self.model.connect_outcome(src, dst)
         old = self.model.nodes[src].registry.get(dst)
         what = f"{src}.connect({dst})"
-        before = resources.snapshot().fd_count if self._baseline is not None else None
+        before = resources.fd_count() if self._baseline is not None else None
         try:
             proxy = node.connect(self.node[dst].local_id)
         except CallBlocked:
@@ -483,7 +483,7 @@ class ClusterMachine(RuleBasedStateMachine):
             raise Violation("CONN-2", f"{what} succeeded although {old.name} is registered "
                             "and alive")
         conn = self.model.connected(src, dst)
-        if before is not None and resources.snapshot().fd_count > before:
+        if before is not None and resources.fd_count() > before:
             # This transport visibly spends descriptors on a connection, so
             # close() must visibly give some back (CONN-5).
             self._owns_fds.add(conn.name)
