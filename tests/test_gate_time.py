@@ -130,11 +130,11 @@ def test_the_child_loads_only_the_suite_plugins_unless_told_otherwise(
     assert run_args.lean_plugins(_namespace(), ["-n", "2"]) is None
 
 
-def test_default_workers_are_two_per_cpu_for_p2p_and_one_for_the_others(
+def test_default_workers_are_two_and_a_half_per_cpu_for_p2p_and_one_for_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p2p, control = contracts.get("p2p"), contracts.get("control")
-    assert [p2p.default_workers(c) for c in (1, 2, 3, 4, 64)] == [2, 4, 6, 8, 8]
+    assert [p2p.default_workers(c) for c in (1, 2, 3, 4, 64)] == [2, 5, 7, 8, 8]
     assert [control.default_workers(c) for c in (1, 2, 3, 64)] == [2, 2, 3, 8]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
 
@@ -142,6 +142,6 @@ def test_default_workers_are_two_per_cpu_for_p2p_and_one_for_the_others(
         out = run_args.pytest_args(run_args.parse_run(list(extra)))[0]
         return out[out.index("-n") + 1]
 
-    assert workers() == "4"
+    assert workers() == "5"
     assert workers("--contract", "control") == "2"
     assert workers("-n", "3") == "3"  # an explicit count always wins

@@ -62,7 +62,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR")
     parser.add_argument("-n", dest="numprocesses", metavar="N", default=None,
                         help="run in N worker processes (pytest-xdist; 'auto' for one per CPU; "
-                             "default: two per CPU for p2p, whose tests mostly wait, one per "
+                             "default: 2.5 per CPU for p2p, whose tests mostly wait, one per "
                              "CPU for the others, at least 2 and at most 8); 0 runs in one "
                              "process, where a crash or hang ends the run without a report")
     parser.add_argument("--stall-limit", metavar="SECONDS", type=float, default=None,

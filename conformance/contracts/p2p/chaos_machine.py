@@ -56,7 +56,7 @@ from hypothesis.stateful import precondition, rule
 from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p.delay_probe import DelayProbe
 from conformance.contracts.p2p.faults import Fault
-from conformance.contracts.p2p.harness import Connection, Node
+from conformance.contracts.p2p.harness import WINDOW_PAUSE_S, Connection, Node
 from conformance.contracts.p2p.machines import ClusterMachine, ClusterModel, NodeRef, Violation
 from conformance.contracts.p2p.machines.model import ConnModel, MessageModel
 from conformance.contracts.p2p.spec import (
@@ -276,7 +276,7 @@ class ChaosMachine(ClusterMachine):
         while time.monotonic() < deadline:
             for name in self.node:
                 self._poll(name)
-            time.sleep(0.001)
+            time.sleep(WINDOW_PAUSE_S)
 
     # -- overrides -----------------------------------------------------------------
 

@@ -83,6 +83,12 @@ _REBIND_WINDOW_S = 3.0
 #: Pause between polls in :func:`wait_until`: keeps a busy loop off the CPU
 #: without adding visible latency.
 _POLL_PAUSE_S = 0.001
+#: Pause between rounds of polls where the suite lets time pass (a heartbeat
+#: window, a pause, the moments traffic lands unpolled) or waits for an event on
+#: the heartbeat's scale (a death, a reconnect): a twentieth of the suite's
+#: heartbeat interval, far inside every bound's slack, and about a fifth of the
+#: CPU of a 1 ms cadence (a process node answers each poll with a round trip).
+WINDOW_PAUSE_S = 0.005
 
 _names = itertools.count()
 #: Every node the harness has built (with every transport and raw connection

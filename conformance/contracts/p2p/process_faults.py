@@ -19,7 +19,7 @@ import time
 from typing import cast
 
 from chaos.process_faults import ProcessFault
-from conformance.contracts.p2p.harness import Cluster, Node
+from conformance.contracts.p2p.harness import WINDOW_PAUSE_S, Cluster, Node
 from conformance.contracts.p2p.process_nodes import ProcessTransport, is_process_spec, process_spec
 from conformance.contracts.p2p.spec import TransportSpec
 from conformance.testing.net import HOST
@@ -138,7 +138,7 @@ class ProcessCluster(Cluster):
             for node in nodes:
                 if not node.closed:
                     node.poll()
-            time.sleep(0.001)
+            time.sleep(WINDOW_PAUSE_S)
 
     def close(self) -> None:
         errors: list[BaseException] = []

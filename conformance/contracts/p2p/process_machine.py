@@ -29,6 +29,7 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from chaos.proxy import Toxiproxy
 from conformance.contracts.p2p.chaos_machine import ChaosMachine
+from conformance.contracts.p2p.harness import WINDOW_PAUSE_S
 from conformance.contracts.p2p.machines import ClusterMachine, NodeRef, Violation
 from conformance.contracts.p2p.machines.model import ConnModel
 from conformance.contracts.p2p.process_nodes import ProcessTransport, process_spec
@@ -67,7 +68,7 @@ class ProcessChaosMachine(ChaosMachine):
                 for other in self.node:
                     if other != name:
                         self._poll(other)
-                time.sleep(0.001)
+                time.sleep(WINDOW_PAUSE_S)
         finally:
             transport.resume()
         self.model.fault_healed(name, destructive=not benign)

@@ -30,7 +30,13 @@ from typing import Any
 
 import pytest
 
-from conformance.contracts.p2p.harness import Connection, Node, handshake, receive
+from conformance.contracts.p2p.harness import (
+    WINDOW_PAUSE_S,
+    Connection,
+    Node,
+    handshake,
+    receive,
+)
 from conformance.contracts.p2p.spec import TransportSpec
 
 __all__ = [
@@ -56,8 +62,6 @@ SLACK_MS = 250
 #: The reference transport's reconnect backoff ceiling and handshake limit.
 RECONNECT_IVL_MAX_MS = 1000
 HANDSHAKE_IVL_MS = 3000
-#: Pause between observation rounds: the only sleep in these tests.
-_ROUND_PAUSE_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,7 @@ def watch_deaths(
             on_round()
         if done is not None and done():
             return deaths
-        time.sleep(_ROUND_PAUSE_S)
+        time.sleep(WINDOW_PAUSE_S)
 
 
 class Mailbox:

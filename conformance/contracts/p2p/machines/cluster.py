@@ -40,7 +40,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from conformance.contracts.p2p.harness import Cluster, Connection, Node, release_leftovers
+from conformance.contracts.p2p.harness import (
+    WINDOW_PAUSE_S,
+    Cluster,
+    Connection,
+    Node,
+    release_leftovers,
+)
 from conformance.contracts.p2p.hostile import HostilePeer
 from conformance.contracts.p2p.machines.model import (
     ClusterModel,
@@ -252,7 +258,7 @@ class ClusterMachine(RuleBasedStateMachine):
         while time.monotonic() < deadline:
             for other in others:
                 self._poll(other.name)
-            time.sleep(0.001)
+            time.sleep(WINDOW_PAUSE_S)
 
     @rule(node=nodes, wait=st.booleans())
     def restart(self, node: NodeRef, wait: bool) -> None:
@@ -632,7 +638,7 @@ class ClusterMachine(RuleBasedStateMachine):
                 self._fail_unsettled([], self.model.uncertain_conns())
             for name in self.node:
                 self._poll(name)
-            time.sleep(0.001)
+            time.sleep(WINDOW_PAUSE_S)
 
     def _await_arrival(self, msg: MessageModel) -> None:
         """Poll every node until ``msg`` arrived, for as long as it must (bounded as
