@@ -39,7 +39,7 @@ from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.tree_cpu import proc_cmdline, proc_stat
+from benchmarks.tree_cpu import is_pytest_run, proc_cmdline, proc_stat
 
 _DIR_ENV = "ZMQ_CONFORMANCE_TIMELINE_DIR"
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -260,7 +260,7 @@ def report(events: list[dict[str, Any]], procs: Iterable[dict[str, Any]], starte
         return f"{t - started:7.2f}"
 
     lines.append("start-up and teardown (s from the command's start; cpu: that process's)")
-    exits = [{"t": p["t"], "ev": "exit", "w": "", "what": "pytest run" if " -m pytest" in p["cmd"]
+    exits = [{"t": p["t"], "ev": "exit", "w": "", "what": "pytest run" if is_pytest_run(p["cmd"])
               else "a worker" if "exec(eval(" in p["cmd"] else "fault proxy" if "toxiproxy"
               in p["cmd"] else "other process", "pid": p["pid"]}
              for p in procs if p["ev"] == "died"]

@@ -52,6 +52,12 @@ def proc_cmdline(pid: int) -> str:
         return ""
 
 
+def is_pytest_run(cmd: str) -> bool:
+    """True for the run's pytest process (the CLI starts it as
+    ``-m conformance.supervision.pytest_process``; a plain ``-m pytest`` too)."""
+    return " -m pytest" in cmd or " -m conformance.supervision.pytest_process" in cmd
+
+
 def _kind(pid: int, root: int, tree: dict[int, _Proc]) -> str:
     cmd = tree[pid].cmd
     depth, up = 0, pid
@@ -61,7 +67,7 @@ def _kind(pid: int, root: int, tree: dict[int, _Proc]) -> str:
         return "command"
     if "toxiproxy_server" in cmd:
         return "toxiproxy server"
-    if " -m pytest" in cmd:
+    if is_pytest_run(cmd):
         return "pytest run"
     if "_node_forks" in cmd:
         return "process node (forked) or fork server"

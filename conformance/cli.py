@@ -150,14 +150,15 @@ def _list(*, as_json: bool, chosen: Sequence[contracts.Contract] | None = None) 
 
 def _run(pytest_args: list[str], json_path: Path, *, lean: list[str] | None = None) -> int:
     """Run pytest in a child interpreter (a clean import state for assertion rewriting
-    and the user's transport), then derive the exit status from the verdicts.
+    and the user's transport; :mod:`conformance.supervision.pytest_process`), then
+    derive the exit status from the verdicts.
 
     With ``lean`` (:func:`run_args.lean_plugins`), the child loads only those
     plugins; if it then stops on a usage error that is not the suite's own (the
     caller's ini may name another plugin's options) it runs again with every
     plugin.
     """
-    command = [sys.executable, "-m", "pytest", *pytest_args]
+    command = [sys.executable, "-m", "conformance.supervision.pytest_process", *pytest_args]
     if lean is not None:
         handle, name = tempfile.mkstemp(prefix="zmq-conformance-", suffix=".usage-error")
         os.close(handle)

@@ -29,6 +29,7 @@ from reference_impl import (
     ZmqConnection,
     ZmqTransport,
 )
+from reference_impl._monitor import monitor_event
 from reference_impl.p2p.transport import parse_peer_id, parse_routing_id
 
 FAST = {"heartbeat_ivl_ms": 100, "heartbeat_timeout_ms": 500, "heartbeat_ttl_ms": 500}
@@ -493,3 +494,33 @@ def test_replaced_dealer_finishing_its_handshake_last_takes_nothing_over() -> No
         a.close()
         b.close()
         relay.close()
+
+
+def test_monitor_events_read_as_pyzmq_reads_them() -> None:
+    """The transports' own monitor reader agrees with ``zmq.utils.monitor`` on real
+    events (connect, handshake, disconnect) and refuses what is not one."""
+    from zmq.utils.monitor import parse_monitor_message
+
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer = ctx.socket(zmq.DEALER)
+        monitor = dealer.get_monitor_socket()
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        router.close(linger=0)
+        seen: list[int] = []
+        deadline = time.monotonic() + 5.0
+        while zmq.EVENT_DISCONNECTED not in seen and time.monotonic() < deadline:
+            if monitor.poll(100):
+                frames = monitor.recv_multipart()
+                assert monitor_event(frames) == parse_monitor_message(frames)["event"]
+                seen.append(monitor_event(frames))
+        assert zmq.EVENT_CONNECTED in seen and zmq.EVENT_DISCONNECTED in seen, seen
+        with pytest.raises(ValueError, match="not a monitor event"):
+            monitor_event([b"\x00" * 5, b"tcp://x"])
+        dealer.disable_monitor()
+        monitor.close(linger=0)
+        dealer.close(linger=0)
+    finally:
+        ctx.term()

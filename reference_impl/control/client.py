@@ -46,11 +46,11 @@ from typing import Any
 
 import msgspec
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from reference_impl._curve import CurveClient, client_config
 from reference_impl._frames import readable as _readable
 from reference_impl._frames import recv_frames, send_frames
+from reference_impl._monitor import monitor_event
 from reference_impl.control import wire as wire_profiles
 from reference_impl.control.interface import (
     PING,
@@ -350,7 +350,7 @@ class ControlClient:
         assert monitor is not None
         while _readable(monitor):
             frames = monitor.recv_multipart(zmq.NOBLOCK)
-            event = parse_monitor_message(frames)["event"]
+            event = monitor_event(frames)
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._on_connected()
 

@@ -58,10 +58,10 @@ from dataclasses import dataclass
 from typing import Final, cast
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from reference_impl._curve import CurveClient, client_config
 from reference_impl._frames import recv_frames
+from reference_impl._monitor import monitor_event
 from reference_impl.kv_events.schema import (
     SEQ_BYTES,
     Encoding,
@@ -239,7 +239,7 @@ class KVEventSubscriber:
         real publisher forever (EVS-11)."""
         monitor = self._sub_monitor
         while cast(int, monitor.getsockopt(zmq.EVENTS)) & _POLLIN:
-            event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            event = monitor_event(monitor.recv_multipart(zmq.NOBLOCK))
             if event == zmq.EVENT_CONNECTED:
                 self._sub_handshaken = False
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:

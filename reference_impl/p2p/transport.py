@@ -61,7 +61,6 @@ from typing import Any, ClassVar, Final, cast
 import msgspec
 import zmq
 from zmq.backend import Socket as _RawSocket
-from zmq.utils.monitor import parse_monitor_message
 
 from reference_impl._curve import (
     CurveClient,
@@ -71,6 +70,7 @@ from reference_impl._curve import (
     client_config,
     server_config,
 )
+from reference_impl._monitor import monitor_event
 from reference_impl.p2p.interface import (
     ConnectionDeadError,
     ControlConnection,
@@ -271,7 +271,7 @@ class ZmqConnection(ControlConnection):
         # Asking for ZMQ_EVENTS is far cheaper than a failed non-blocking
         # receive, which raises; poll() does this for every connection.
         while _raw_get(monitor, _EVENTS) & _POLLIN:
-            event = parse_monitor_message(monitor.recv_multipart(_NOBLOCK))["event"]
+            event = monitor_event(monitor.recv_multipart(_NOBLOCK))
             if event == zmq.EVENT_DISCONNECTED and self._alive:
                 _log.info("connection to %s lost", self._peer_id)
                 self._alive = False

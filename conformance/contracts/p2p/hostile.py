@@ -33,11 +33,11 @@ from typing import Any, Final
 
 import msgspec
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from conformance.contracts.p2p.harness import Cluster
 from conformance.supervision import watchdog
 from conformance.testing.net import HOST
+from reference_impl._monitor import monitor_event
 
 __all__ = [
     "Flooder",
@@ -166,7 +166,7 @@ class HostilePeer(contextlib.AbstractContextManager["HostilePeer"]):
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+            if monitor_event(frames) == zmq.EVENT_DISCONNECTED:
                 self._disconnected = True
         return self._disconnected
 

@@ -18,8 +18,8 @@ import time
 from typing import Any, ClassVar
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
+from reference_impl._monitor import monitor_event
 from reference_impl.p2p.transport import ZmqConnection, ZmqTransport, _bracket
 
 __all__ = ["StaleIdentityLock", "StallSuppressesDisconnects", "TcpKeepaliveLiveness"]
@@ -52,7 +52,7 @@ class _StallBlindConnection(ZmqConnection):
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = parse_monitor_message(frames)["event"]
+            event = monitor_event(frames)
             if event != zmq.EVENT_DISCONNECTED or not self._alive:
                 continue
             if transport._in_stall_grace():

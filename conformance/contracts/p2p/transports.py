@@ -47,8 +47,8 @@ from typing import Any, ClassVar
 
 import msgspec
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
+from reference_impl._monitor import monitor_event
 from reference_impl.p2p.interface import (
     ConnectionDeadError,
     Message,
@@ -189,7 +189,7 @@ class _HandshakeGatedConnection(ZmqConnection):
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            event = parse_monitor_message(frames)["event"]
+            event = monitor_event(frames)
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._handshaken = True
             elif event == zmq.EVENT_DISCONNECTED and self._alive:
@@ -562,7 +562,7 @@ class _DebouncedConnection(ZmqConnection):
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            event = parse_monitor_message(frames)["event"]
+            event = monitor_event(frames)
             if event == zmq.EVENT_DISCONNECTED and self._lost_at is None:
                 self._lost_at = time.monotonic()  # MUTATION: only remembered
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
