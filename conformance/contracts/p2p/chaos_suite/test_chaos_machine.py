@@ -25,7 +25,7 @@ MACHINE_PARTS = 2
 
 
 @pytest.mark.clause("HB-2", "HB-5", "HB-6")
-@pytest.mark.long(6)
+@pytest.mark.long(9)
 @pytest.mark.parametrize("part", range(MACHINE_PARTS))
 def test_chaos_machine(
     zmq_transport_spec: TransportSpec,
