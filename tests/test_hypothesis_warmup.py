@@ -8,6 +8,10 @@ and check, from inside the first test, that the work was already done.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -28,12 +32,46 @@ from hypothesis.internal import charmap
 def test_tables_ready_before_the_first_test(zmq_transport_spec):
     tables = Path(os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]) / "unicode_data"
     names = sorted(p.name for p in tables.rglob("*.json.gz"))
-    assert names == ["charmap.json.gz", "codec-v2-utf-8.json.gz"], names
+    assert names == ["charmap.json.gz"], names
     built = charmap.charmap_file()
     before = built.stat().st_ino
     charmap.charmap()  # the test's first use: loaded, not built (a build writes a new file)
     assert built.stat().st_ino == before
 '''
+
+
+#: Draws from every suite strategy that makes strings; run with a fresh storage directory.
+_DRAW_STRINGS = """
+from hypothesis import given, settings, strategies as st
+from conformance.contracts.p2p import strategies
+from conformance.testing import values
+
+drawn = [values.text(max_size=8), values.msgpack_values(), values.budgeted_msgpack_values(),
+         strategies.messages(), strategies.hostile_identities()]
+
+@settings(max_examples=30, database=None)
+@given(st.tuples(*drawn))
+def draw(_):
+    pass
+
+draw()
+"""
+
+
+def test_the_suites_strings_need_only_the_category_table(tmp_path: Path) -> None:
+    """No suite strategy draws from a codec's alphabet (its table took 3.2 s of CPU to
+    build, in a fresh checkout the longest step of a run's start): neither in the
+    source nor when drawn."""
+    root = Path(__file__).resolve().parent.parent / "conformance"
+    bare = [f"{path.relative_to(root.parent)}:{source[:m.start()].count(chr(10)) + 1}"
+            for path in sorted(root.rglob("*.py")) if path != root / "testing" / "values.py"
+            for source in [path.read_text(encoding="utf-8")]
+            for m in re.finditer(r"\bst\.text\((?!\s*alphabet=)|codec=", source)]
+    assert bare == [], f"strings drawn without values.text(): {bare}"
+    storage = tmp_path / "storage"
+    subprocess.run([sys.executable, "-c", _DRAW_STRINGS], check=True, timeout=120,
+                   env={**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(storage)})
+    assert _tables(storage) == ["charmap.json.gz"]
 
 
 def _probe_project(tmp_path: Path) -> Path:
@@ -72,7 +110,7 @@ def test_the_session_process_builds_the_tables_at_configure(tmp_path: Path) -> N
         env={"HYPOTHESIS_STORAGE_DIRECTORY": str(storage)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert _tables(storage) == ["charmap.json.gz", "codec-v2-utf-8.json.gz"]
+    assert _tables(storage) == ["charmap.json.gz"]
     assert "HypothesisSideeffectWarning" not in result.stdout + result.stderr
 
 
@@ -82,7 +120,7 @@ def test_seeded_storage_gets_the_tables_and_never_an_example_database(tmp_path: 
     (shared / "examples" / "k").mkdir(parents=True)  # a database must not travel
     run = tmp_path / "run"
     hypothesis_warmup.seed_tables(run, shared)
-    assert _tables(run) == _tables(shared) == ["charmap.json.gz", "codec-v2-utf-8.json.gz"]
+    assert _tables(run) == _tables(shared) == ["charmap.json.gz"]
     assert not (run / "examples").exists()
     hypothesis_warmup.seed_tables(tmp_path / "none", None)  # nothing shared: nothing done
     assert not (tmp_path / "none").exists()

@@ -1,20 +1,24 @@
 """Hypothesis's one-time set-up, done before the first test rather than inside it.
 
-The first text strategy a process draws from makes Hypothesis build its
-Unicode tables (the general category of every code point, and which ones
-UTF-8 encodes): seconds of CPU (about 2.8 s on a loaded 2-core machine),
-which it then caches under the storage directory
+The first text strategy a process draws from makes Hypothesis build a
+Unicode table, which it then caches under the storage directory
 (``HYPOTHESIS_STORAGE_DIRECTORY``, default ``.hypothesis``) in
-``unicode_data/``; a process that finds the files loads them in a fraction of
-a second. Built inside a test, that time is the suite's, yet it runs under
-the stall deadline (:mod:`conformance.supervision.postmortem`) and, on a busy
+``unicode_data/``; a process that finds the file loads it in a fraction of a
+second. Built inside a test, that time is the suite's, yet it runs under the
+stall deadline (:mod:`conformance.supervision.postmortem`) and, on a busy
 machine, was reported as the implementation's hang (``blocked``).
 
-:func:`warm` builds the tables unless the storage directory has them. The
+The suite's strings need only the table of general categories (0.24 s of
+CPU to build on 2 cores): they are drawn by category
+(:func:`conformance.testing.values.text`), never from Hypothesis's default
+alphabet, whose UTF-8 codec table took 3.2 s and was, in a fresh checkout,
+the longest single step of a run's start.
+
+:func:`warm` builds the table unless the storage directory has it. The
 plugin calls it when the session opts in: in the xdist controller first,
-before any worker starts, so the workers (whose own call finds the files)
+before any worker starts, so the workers (whose own call finds the file)
 only load what the controller wrote. :func:`build_into` and :func:`seed_tables`
-let the self-check build the tables once and hand a copy to each run's own
+let the self-check build the table once and hand a copy to each run's own
 storage directory, whose example database stays the run's own.
 """
 
@@ -33,20 +37,23 @@ __all__ = ["TABLES_DIR", "build_into", "reset_storage", "seed_tables", "warm"]
 #: The part of a Hypothesis storage directory that holds the Unicode tables.
 TABLES_DIR: Final = "unicode_data"
 _STORAGE_ENV: Final = "HYPOTHESIS_STORAGE_DIRECTORY"
-#: The tables' files (Hypothesis 6's names) under ``unicode_data/<unicode version>/``.
-_TABLE_FILES: Final = ("charmap.json.gz", "codec-v2-utf-8.json.gz")
+#: The table's file (Hypothesis 6's name) under ``unicode_data/<unicode version>/``:
+#: the general category of every code point. The suite's strings are named by
+#: category (:func:`conformance.testing.values.text`), so no codec table is needed.
+_TABLE_FILES: Final = ("charmap.json.gz",)
 #: Building the tables takes seconds; a child that takes this long is stuck.
 _BUILD_LIMIT_S: Final = 120.0
 
 
 def warm() -> None:
-    """Make sure the storage directory holds the Unicode tables the suite's text
-    strategies need, building them if it does not; cheap when it does (two files
-    looked up: the process loads them, about 0.25 s, at its first text draw).
+    """Make sure the storage directory holds the Unicode table the suite's text
+    strategies need, building it if it does not (0.24 s of CPU); cheap when it
+    does (one file looked up: the process loads it at its first text draw).
 
     Validating a strategy is Hypothesis's public way to make it compute what
-    it needs: the default ``text()`` alphabet (the UTF-8 codec's table) and a
-    category-filtered ``characters()`` (the category table). Hypothesis warns
+    it needs: a category-filtered ``characters()`` (the category table; the
+    suite never uses Hypothesis's default ``text()`` alphabet, whose UTF-8
+    codec table took 3.2 s to build). Hypothesis warns
     about storage access while plugins initialise (it should not slow the
     start of every session); here the time is spent on purpose, once, before
     any test, so that warning is silenced for this call only. Should a
@@ -62,7 +69,6 @@ def warm() -> None:
         where = charmap.charmap_file().parent
         if all((where / name).is_file() for name in _TABLE_FILES):
             return
-        st.text().validate()
         st.characters(exclude_categories=["Cs"]).validate()
 
 

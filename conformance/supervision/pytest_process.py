@@ -26,7 +26,7 @@ import pytest
 
 
 def main() -> NoReturn:
-    code = pytest.console_main()
+    code = int(pytest.main(sys.argv[1:]))
     _flush()
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:

@@ -125,8 +125,9 @@ def wait_until_stable(
 
     Use it for baselines: descriptors of sockets closed just before are still
     being released by libzmq. ``drive`` (e.g. polling the live nodes) is
-    called between samples. Gives up after ``timeout`` and returns the last
-    sample: a baseline that is too high only makes a check more lenient.
+    called between samples (counts only, see :func:`fd_count`). Gives up
+    after ``timeout`` and returns a snapshot taken then: a baseline that is
+    too high only makes a check more lenient.
     """
     deadline = time.monotonic() + timeout
     last = _counts()

@@ -32,7 +32,7 @@ import msgspec
 from hypothesis import strategies as st
 
 from conformance.errors import ConfigError
-from conformance.testing.values import msgpack_values
+from conformance.testing.values import msgpack_values, text
 
 __all__ = ["PROFILES", "RESULT_TYPES", "Reply", "WireProfile", "profile"]
 
@@ -144,7 +144,7 @@ class RepEnvelope(WireProfile):
 
     def malformed(self, codes: Mapping[str, Any]
                   ) -> st.SearchStrategy[tuple[str, list[bytes]]]:
-        unknown = st.text(min_size=1, max_size=12).filter(
+        unknown = text(min_size=1, max_size=12).filter(
             lambda t: not t.startswith("ZMQC_") and t not in codes and t != "PING")
         return st.one_of(
             unknown.map(lambda t: (f"unknown type {t!r}", [b"", encode({"type": t})])),
@@ -229,7 +229,7 @@ class LmcacheOperations(LmcacheMq):
     def malformed(self, codes: Mapping[str, Any]
                   ) -> st.SearchStrategy[tuple[str, list[bytes]]]:
         taken = {*codes.values(), *(kind.lower() for kind in codes)}
-        unknown_name = st.text(min_size=1, max_size=16).filter(lambda t: t not in taken)
+        unknown_name = text(min_size=1, max_size=16).filter(lambda t: t not in taken)
         unknown_id = st.integers(0, 2**16).filter(lambda c: c not in taken)
         ping = codes.get("PING")
         cases = [

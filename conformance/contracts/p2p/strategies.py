@@ -32,7 +32,7 @@ from typing import Any, Final
 import msgspec
 from hypothesis import strategies as st
 
-from conformance.testing.values import INT64_MIN, UINT64_MAX, budgeted_msgpack_values
+from conformance.testing.values import INT64_MIN, UINT64_MAX, budgeted_msgpack_values, text
 
 __all__ = [
     "LARGE_MESSAGE_BYTES",
@@ -64,7 +64,7 @@ MAX_MESSAGE_FIELDS: Final = 6
 MAX_FIELD_NAME_CHARS: Final = 16
 
 _FIELD_COUNTS = st.integers(min_value=0, max_value=MAX_MESSAGE_FIELDS)
-_FIELD_NAMES = st.text(max_size=MAX_FIELD_NAME_CHARS)
+_FIELD_NAMES = text(max_size=MAX_FIELD_NAME_CHARS)
 
 
 @st.composite
@@ -187,10 +187,10 @@ def is_plausible_peer_id(identity: bytes) -> bool:
     (POLL-3); ones passing it may (the host part is not checked further).
     """
     try:
-        text = identity.decode("utf-8")
+        decoded = identity.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    host, sep, port = text.rpartition(":")
+    host, sep, port = decoded.rpartition(":")
     if not sep or not host or not port.isascii() or not port.isdigit():
         return False
     return 0 < int(port) < 65536
@@ -223,7 +223,7 @@ def _non_dict_values() -> st.SearchStrategy[Any]:
         st.booleans(),
         st.integers(min_value=INT64_MIN, max_value=UINT64_MAX),
         st.floats(allow_nan=False),
-        st.text(max_size=20),
+        text(max_size=20),
         st.binary(max_size=20),
         st.lists(st.integers(min_value=INT64_MIN, max_value=UINT64_MAX), max_size=4),
     )

@@ -30,12 +30,12 @@ from conformance.contracts.control.harness import (
 )
 from conformance.contracts.control.spec import ControlSpec
 from conformance.contracts.control.wire import PROFILES, Reply
-from conformance.testing.values import first_difference, msgpack_values
+from conformance.testing.values import first_difference, msgpack_values, text
 
 #: Longest wait for one reply from an idle server on loopback.
 _REPLY_S = 2.0
 
-_bodies = st.dictionaries(st.text(max_size=8).filter(lambda k: k not in ("type", "nonce")),
+_bodies = st.dictionaries(text(max_size=8).filter(lambda k: k not in ("type", "nonce")),
                           msgpack_values(max_leaves=8), max_size=4)
 
 

@@ -33,7 +33,7 @@ from conformance.contracts.kv_events.publisher.peers import (
 )
 from conformance.contracts.kv_events.spec import PublisherSpec, accepts
 from conformance.supervision import watchdog
-from conformance.testing import resources
+from conformance.testing import resources, values
 from reference_impl.kv_events.schema import (
     AllBlocksCleared,
     BlockRemoved,
@@ -56,11 +56,11 @@ _stored = st.builds(
     block_size=st.integers(1, 256),
     lora_id=st.one_of(st.none(), st.integers(0, 1000)),
     medium=_medium,
-    lora_name=st.one_of(st.none(), st.text(max_size=8)),
+    lora_name=st.one_of(st.none(), values.text(max_size=8)),
 )
 _removed = st.builds(BlockRemoved, block_hashes=st.lists(_hashes, min_size=1, max_size=4),
                      medium=_medium)
-_opt_text = st.one_of(st.none(), st.text(max_size=6))
+_opt_text = st.one_of(st.none(), values.text(max_size=6))
 _opt_small = st.one_of(st.none(), st.integers(0, 64))
 #: Events with the fields later schema versions added (the suite cuts each batch down to
 #: the declared version before publishing it).
@@ -74,7 +74,7 @@ _stored_later = st.builds(
     medium=_medium,
     lora_name=_opt_text,
     extra_keys=st.one_of(st.none(), st.lists(st.one_of(
-        st.none(), st.lists(st.one_of(st.text(max_size=4), st.integers(0, 9)), max_size=2)),
+        st.none(), st.lists(st.one_of(values.text(max_size=4), st.integers(0, 9)), max_size=2)),
         max_size=3)),
     group_idx=_opt_small,
     kv_cache_spec_kind=_opt_text,
