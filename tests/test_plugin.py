@@ -217,3 +217,30 @@ def test_profile_capabilities_and_chaos_apply_to_the_suite_only(project: Path) -
     assert data["profile"] == "dev"
     got = verdicts(data)
     assert got["RES-1"] == got["MSG-5"] == got["HB-1"] == "passed"
+
+
+FREEZE_PROBE = '''
+import gc
+import os
+
+import pytest
+
+
+@pytest.mark.clause("MSG-1")
+def test_heap_frozen_only_in_a_suite_only_session(zmq_transport_spec):
+    frozen = gc.get_freeze_count()
+    assert (frozen > 0) == (os.environ["EXPECT_FROZEN"] == "1"), frozen
+'''
+
+
+def test_the_heap_is_frozen_after_collection_only_where_the_session_is_the_suites(
+    project: Path,
+) -> None:
+    (project / "probe_suite").mkdir()
+    (project / "probe_suite" / "test_probe.py").write_text(FREEZE_PROBE)
+    suite = ("--zmq-suite", "probe_suite", "--zmq-transport", "fakes:Good")
+    alone = run_pytest(project, "--zmq-conformance-only", *suite, env={"EXPECT_FROZEN": "1"})
+    assert alone.returncode == 0, _out(alone)
+    shared = run_pytest(project, "--zmq-conformance", *suite, env={"EXPECT_FROZEN": "0"})
+    assert shared.returncode == 0, _out(shared)
+    assert "3 passed" in shared.stdout, _out(shared)

@@ -5,11 +5,13 @@ implementation and points the collection at the suite; :func:`start_postmortem`
 sets up the sentinel of a process that runs suite tests (or, in the xdist
 controller, the directory its workers leave their journals in, handed to each
 worker by :func:`configure_node`); :func:`bound_worker_exit` and
-:func:`remove_postmortem_dir` close the session.
+:func:`remove_postmortem_dir` close the session. :func:`freeze_collected`
+spares the garbage collector what lives for the whole session.
 """
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -167,6 +169,21 @@ def configure_node(node: Any) -> None:
     if state is not None and state.postmortem_dir is not None:
         node.workerinput[_WORKER_DIR_KEY] = str(state.postmortem_dir)
         node.workerinput[_WORKER_STALL_KEY] = state.stall_limit
+
+
+def freeze_collected(session: pytest.Session) -> None:
+    """In a session that runs only the suite (``--zmq-conformance-only``), move what
+    exists once collection is done into the collector's permanent generation.
+
+    Imported modules, the collected items and Hypothesis's strategies live
+    until the process ends, yet each full collection walks them again: on 2
+    cores a worker spent 0.56-1.0 s of CPU in the collector over a main job,
+    0.25-0.48 s frozen. In a session shared with other tests the heap is not
+    the suite's to decide about.
+    """
+    state = session.config.stash.get(STATE, None)
+    if state is not None and state.only:
+        gc.freeze()
 
 
 def bound_worker_exit(session: pytest.Session) -> None:

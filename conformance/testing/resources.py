@@ -24,6 +24,7 @@ Two libzmq facts shape how to use this module:
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -199,6 +200,7 @@ def _counts(*, threads: bool = True) -> tuple[int, int]:
     return fds, tasks
 
 
+@functools.cache
 def _fd_dir() -> str | None:
     for path in _FD_DIRS:
         if os.path.isdir(path):
