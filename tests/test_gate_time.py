@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -136,6 +138,7 @@ def test_default_workers_are_two_and_a_half_per_cpu_for_p2p_and_one_for_the_othe
     p2p, control = contracts.get("p2p"), contracts.get("control")
     assert [p2p.default_workers(c) for c in (1, 2, 3, 4, 64)] == [2, 5, 7, 8, 8]
     assert [control.default_workers(c) for c in (1, 2, 3, 64)] == [2, 2, 3, 8]
+    assert [p2p.default_workers(c, driver=True) for c in (1, 2, 3, 64)] == [2, 4, 6, 8]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
 
     def workers(*extra: str) -> str:
@@ -145,3 +148,6 @@ def test_default_workers_are_two_and_a_half_per_cpu_for_p2p_and_one_for_the_othe
     assert workers() == "5"
     assert workers("--contract", "control") == "2"
     assert workers("-n", "3") == "3"  # an explicit count always wins
+    driver = (f"{shlex.quote(sys.executable)} -m conformance.drivers.python "
+              "reference_impl:ZmqTransport")
+    assert workers("--driver", driver) == "4"  # at most two per CPU through a driver

@@ -62,8 +62,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", dest="keyword", metavar="EXPR", help="only tests matching EXPR")
     parser.add_argument("-n", dest="numprocesses", metavar="N", default=None,
                         help="run in N worker processes (pytest-xdist; 'auto' for one per CPU; "
-                             "default: 2.5 per CPU for p2p, whose tests mostly wait, one per "
-                             "CPU for the others, at least 2 and at most 8); 0 runs in one "
+                             "default: 2.5 per CPU for p2p, whose tests mostly wait (2 "
+                             "through a driver), one per CPU for the others, at least 2 and "
+                             "at most 8); 0 runs in one "
                              "process, where a crash or hang ends the run without a report")
     parser.add_argument("--stall-limit", metavar="SECONDS", type=float, default=None,
                         help="a test that starts no call into the implementation for this long is "
@@ -155,7 +156,7 @@ def pytest_args(
         if not Path(path).exists():
             raise ConfigError(f"--suite={path!r}: no such file or directory")
         out += ["--zmq-suite", path]
-    workers = (str(contract.default_workers(_usable_cpus()))
+    workers = (str(contract.default_workers(_usable_cpus(), driver=args.driver is not None))
                if args.numprocesses is None else str(args.numprocesses))
     if workers != "auto" and not workers.isdigit():
         raise ConfigError(f"-n {workers!r}: expected a number of workers or 'auto'")
