@@ -2,8 +2,8 @@
 
 It is ``python -m pytest ARGS`` except at the end: once pytest has returned,
 the process flushes its output, joins its remaining non-daemon threads and
-runs its ``atexit`` handlers (the suite's own stop the host-stall meter, fault
-proxies and drivers there), then leaves with ``os._exit``. The interpreter's
+runs its ``atexit`` handlers (where the suite stops its host-stall meter,
+fault proxies and drivers), then leaves with ``os._exit``. The interpreter's
 finalization (freeing every module and object of a session that imported
 pytest, Hypothesis, pyzmq and the suite) is skipped: on 2 cores it took
 0.27-0.33 s at the end of every run, after the report was written, with
