@@ -645,13 +645,7 @@ class ProcessTransport:
         next ``recv()``, so no message is dropped. Announce nothing (or a connection of
         another node) and the calls go one by one as before.
         """
-        handles = []
-        for conn in conns:
-            if not isinstance(conn, ProcessConnection) or conn._transport is not self:
-                self._drain_plan = None
-                return
-            handles.append(conn._handle)
-        self._drain_plan = handles if len(set(handles)) == len(handles) else None
+        self._drain_plan = self._own_handles(conns)
 
     def close(self) -> None:
         """Close the remote transport; the process returns to the pool (or is reaped).
@@ -766,19 +760,23 @@ class ProcessTransport:
         request; each ``alive`` here then hands over its own read. Nothing is announced
         while an earlier announcement is still open, or if the node cannot be reached
         (the calls then go one by one and report that themselves)."""
-        if self._announced or self._closed or not conns:
-            return
-        handles = []
-        for conn in conns:
-            if not isinstance(conn, ProcessConnection) or conn._transport is not self:
-                return
-            handles.append(conn._handle)
-        if len(set(handles)) != len(handles):
+        handles = self._own_handles(conns)
+        if self._announced or self._closed or not handles:
             return
         try:
             self._announced = self._worker.announce([("alive", h) for h in handles])
         except Exception:  # the node is gone or cannot be written to: the calls will say
             self._announced = {}
+
+    def _own_handles(self, conns: list[Any]) -> list[int] | None:
+        """The handles of ``conns`` if each is a distinct connection of this transport,
+        else ``None`` (nothing can be announced for them)."""
+        handles = []
+        for conn in conns:
+            if not isinstance(conn, ProcessConnection) or conn._transport is not self:
+                return None
+            handles.append(conn._handle)
+        return handles if len(set(handles)) == len(handles) else None
 
     def _drop_alive_reads(self) -> None:
         """A call that was not announced: reads made ahead of it would be stale."""
