@@ -51,25 +51,27 @@ def warm() -> None:
     does (one file looked up: the process loads it at its first text draw).
 
     Validating a strategy is Hypothesis's public way to make it compute what
-    it needs: a category-filtered ``characters()`` (the category table; the
-    suite never uses Hypothesis's default ``text()`` alphabet, whose UTF-8
-    codec table took 3.2 s to build). Hypothesis warns
+    it needs: the suite's own string strategy
+    (:func:`conformance.testing.values.text`, drawn by category, so the
+    category table; the suite never uses Hypothesis's default ``text()``
+    alphabet, whose UTF-8 codec table took 3.2 s to build). Hypothesis warns
     about storage access while plugins initialise (it should not slow the
     start of every session); here the time is spent on purpose, once, before
     any test, so that warning is silenced for this call only. Should a
     Hypothesis release name its files otherwise, every call validates (about
     0.25 s with the files present): slower, never wrong.
     """
-    from hypothesis import strategies as st
     from hypothesis.errors import HypothesisSideeffectWarning
     from hypothesis.internal import charmap
+
+    from conformance.testing import values
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HypothesisSideeffectWarning)
         where = charmap.charmap_file().parent
         if all((where / name).is_file() for name in _TABLE_FILES):
             return
-        st.characters(exclude_categories=["Cs"]).validate()
+        values.text().validate()
 
 
 def build_into(storage: Path) -> None:
