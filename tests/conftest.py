@@ -61,6 +61,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every process started from here on (xdist workers, suite children) uses the cache."""
+    """Every process started from here on (xdist workers, suite children) uses the cache.
+
+    Not in the gate's own run (``zmq-conformance run`` from this checkout, a
+    ``--zmq-conformance-only`` session, which loads this file because pytest
+    loads the conftests of ``testpaths``): there the cache would only be a
+    second, empty copy of the bytecode pip and the checkout already hold, so
+    a fresh clone's first main job compiled pytest, Hypothesis, pyzmq and the
+    suite anew in every worker (about 3 s of CPU). The suite's children that
+    the project's tests start still inherit it from the test session.
+    """
+    if config.getoption("zmq_conformance_only", default=False):
+        return
     os.environ["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
