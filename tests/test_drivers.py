@@ -300,3 +300,21 @@ def test_a_run_of_sends_arrives_in_order_and_stops_at_the_first_error(one_by_one
         errors = out.send_many([{"n": n} for n in range(3)], keep_going=True)
         assert [type(e) for e in errors] == [ConnectionDeadError] * 3
         assert out.raw._one_by_one is one_by_one
+
+
+def test_the_lock_is_handed_over_only_where_another_thread_could_want_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``let_waiting_threads_run`` (docs/drivers.md, section 11) sleeps a zero sleep, which
+    lets a thread waiting for the interpreter lock take it, only while another Python
+    thread runs: with the main thread alone nobody can wait, and the sleep costs a p2p
+    round trip through the driver two thirds of its time (Linux's timer slack)."""
+    from conformance.drivers import serving
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(serving.time, "sleep", sleeps.append)
+    monkeypatch.setattr(serving.threading, "active_count", lambda: 1)
+    serving.let_waiting_threads_run()
+    assert sleeps == []
+    monkeypatch.setattr(serving.threading, "active_count", lambda: 2)
+    serving.let_waiting_threads_run()
+    assert sleeps == [0]
