@@ -51,6 +51,11 @@ def test_every_part_of_a_contract_resolves(contract: contracts.Contract) -> None
         assert set(mutant.clauses) <= set(contract.clauses), mutant.name
         assert contract_of(mutant) == contract.name
     assert importlib.import_module(contract.make_spec.partition(":")[0])
+    # The driver bridge: the suite's proxy factory, and the Python driver's service.
+    from conformance.drivers.serving import Service
+
+    assert callable(contracts.resolve(contract.driver))
+    assert issubclass(contracts.resolve(contract.python_service), Service)
 
 
 def test_a_factory_of_another_contract_does_not_fit() -> None:

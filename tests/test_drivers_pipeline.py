@@ -22,8 +22,8 @@ import pytest
 from plugin_project import REPO_ROOT, load_json, make_project, run_cli, verdicts
 
 from conformance import contracts
-from conformance.contracts.engine_pipeline.driver import from_protocol, to_protocol
 from conformance.contracts.engine_pipeline.harness import Rig, request_id
+from conformance.contracts.engine_pipeline.service import from_protocol, to_protocol
 from conformance.contracts.engine_pipeline.spec import PipelineSpec
 from conformance.drivers import driver_spec, live_pids, shutdown
 from conformance.drivers.protocol import decode_body, encode_frame

@@ -18,3 +18,27 @@ def test_the_cli_imports_neither_pytest_nor_hypothesis() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_python_driver_imports_none_of_the_bridge() -> None:
+    """The suite starts a driver process for every node, so the Python driver's start is
+    paid many times a run: it loads the protocol, its contract's service and the
+    implementation, never the suite's side of the bridge (subprocesses, the watchdog,
+    the proxies) nor pytest or Hypothesis (docs/drivers.md, section 11)."""
+    from conformance import contracts
+
+    targets = {"p2p": "reference_impl:ZmqTransport",
+               "kv-events-publisher": "reference_impl.kv_events.publisher:KVEventPublisher",
+               "kv-events-subscriber": "reference_impl.kv_events.subscriber:KVEventSubscriber",
+               "control": "reference_impl.control:REFERENCE",
+               "engine-pipeline": "reference_impl.engine_pipeline:REFERENCE"}
+    assert set(targets) == set(contracts.CONTRACTS)
+    banned = ("pytest", "hypothesis", "subprocess", "conformance.drivers.process",
+              "conformance.drivers.remote", "conformance.supervision.watchdog")
+    for contract, target in targets.items():
+        code = ("import sys; import conformance.drivers.python as d; "
+                f"d._service({contract!r}, d._load({target!r})); "
+                f"print(sorted(m for m in {banned!r} if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout
+        assert out.strip() == "[]", f"{contract}: the Python driver imported {out.strip()}"

@@ -18,31 +18,32 @@ proxies live in its package, ``conformance/contracts/<family>/driver.py``),
 :mod:`.behaviours` (a callable a driver runs by name), :mod:`.python`
 (the Python driver's loop, ``python -m conformance.drivers.python MODULE:ATTR``)
 and :mod:`.serving` (what the Python driver's per-contract services share;
-each family's service is in its ``driver.py``, named by the registry's
+each family's service is in its ``service.py``, named by the registry's
 ``python_service``).
+
+Importing this package costs nothing: its names are loaded when first used.
+The Python driver imports :mod:`.protocol` and :mod:`.serving` in every
+driver process, and must not pay for the bridge (subprocesses, the
+watchdog, pytest) each time the suite starts a node.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from conformance.drivers.process import (
-    DriverCrashed,
-    DriverGone,
-    DriverPaused,
-    DriverStartError,
-    end_test,
-    live_pids,
-    resource_growth,
-    shutdown,
-)
-from conformance.errors import ConfigError
-from conformance.supervision import runqueue
-from conformance.testing import resources
-
 if TYPE_CHECKING:
     from conformance.contracts import Contract
+    from conformance.drivers.process import (
+        DriverCrashed,
+        DriverGone,
+        DriverPaused,
+        DriverStartError,
+        end_test,
+        live_pids,
+        shutdown,
+    )
 
 __all__ = [
     "ENV_DRIVER",
@@ -61,8 +62,17 @@ __all__ = [
 #: Environment variable naming a driver command (beaten by the option and the ini).
 ENV_DRIVER: Final = "ZMQ_CONFORMANCE_DRIVER"
 
-resources.add_source(resource_growth)
-runqueue.add_pid_source(live_pids)
+#: The names this package re-exports from :mod:`.process`, loaded on first use.
+_FROM_PROCESS: Final = frozenset({"DriverCrashed", "DriverGone", "DriverPaused",
+                                  "DriverStartError", "end_test", "live_pids", "shutdown"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_PROCESS:
+        value = getattr(importlib.import_module("conformance.drivers.process"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def driver_spec(contract: Contract, command: str, *,
@@ -74,6 +84,7 @@ def driver_spec(contract: Contract, command: str, *,
     one-line :class:`ConfigError` that names ``option``.
     """
     from conformance.contracts import resolve
+    from conformance.errors import ConfigError
 
     if not contract.driver:
         raise ConfigError(f"{option}: the contract {contract.name!r} has no driver bridge yet")
@@ -97,6 +108,8 @@ def is_driver_factory(factory: Any) -> bool:
 
 def find_crashed(exc: BaseException | None) -> DriverCrashed | None:
     """The :class:`DriverCrashed` in ``exc``, its exception groups or its cause chain."""
+    from conformance.drivers.process import DriverCrashed
+
     seen: set[int] = set()
     pending: list[BaseException] = [exc] if exc is not None else []
     while pending:

@@ -67,7 +67,8 @@ from conformance.drivers.protocol import (
     hello_request,
 )
 from conformance.errors import CallBlocked, ConfigError
-from conformance.supervision import cleanup, lifeline, watchdog
+from conformance.supervision import cleanup, lifeline, runqueue, watchdog
+from conformance.testing import resources
 
 __all__ = [
     "DriverCrashed",
@@ -706,6 +707,8 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 cleanup.at_session_end(shutdown)
 cleanup.after_each_test(end_test)  # processes whose objects the test left open
+resources.add_source(resource_growth)  # a driver's descriptors and threads are its object's
+runqueue.add_pid_source(live_pids)  # a driver waiting for a CPU is a host stall's victim
 
 def processes() -> list[DriverProcess]:
     """The driver processes alive now, idle or busy (for the bridge's own tests)."""

@@ -26,7 +26,7 @@ CONTRACTS: Final = (
         "register), or a callable of no arguments returning one",
         probe=((), {}),
         driver="conformance.contracts.control.driver:ControlDriver",
-        python_service="conformance.contracts.control.driver:ControlService",
+        python_service="conformance.contracts.control.service:ControlService",
         objects=True,
         preflight="conformance.contracts.control.preflight:check_profile",
     ),

@@ -27,6 +27,6 @@ CONTRACTS: Final = (
         probe=((), {}),
         preflight="conformance.contracts.engine_pipeline.preflight:check_profile",
         driver="conformance.contracts.engine_pipeline.driver:PipelineDriver",
-        python_service="conformance.contracts.engine_pipeline.driver:PipelineService",
+        python_service="conformance.contracts.engine_pipeline.service:PipelineService",
     ),
 )

@@ -28,7 +28,7 @@ CONTRACTS: Final = (
         factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
         probe=(_PROBE_ENDPOINTS, {"topic": ""}),
         driver="conformance.contracts.kv_events.driver:PublisherFactory",
-        python_service="conformance.contracts.kv_events.driver:PublisherService",
+        python_service="conformance.contracts.kv_events.service:PublisherService",
     ),
     Contract(
         name="kv-events-subscriber",
@@ -44,6 +44,6 @@ CONTRACTS: Final = (
         factory_shape="factory(endpoint: str, replay_endpoint: str, *, topic: str)",
         probe=(_PROBE_ENDPOINTS, {"topic": ""}),
         driver="conformance.contracts.kv_events.driver:SubscriberFactory",
-        python_service="conformance.contracts.kv_events.driver:SubscriberService",
+        python_service="conformance.contracts.kv_events.service:SubscriberService",
     ),
 )

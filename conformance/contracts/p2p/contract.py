@@ -26,6 +26,6 @@ CONTRACTS: Final = (
         probe=(("127.0.0.1:1", "127.0.0.1", 1), {}),
         nodes="conformance.contracts.p2p.process_nodes:nodes_spec",
         driver="conformance.contracts.p2p.driver:TransportFactory",
-        python_service="conformance.contracts.p2p.driver:TransportService",
+        python_service="conformance.contracts.p2p.service:TransportService",
     ),
 )
