@@ -231,6 +231,15 @@ def test_driver_descriptors_are_counted_where_they_live() -> None:
     node = spec.build(f"127.0.0.1:{port}", "127.0.0.1", port)
     grown = resources.snapshot()
     assert any(isinstance(fd, str) and fd.startswith(f"{node.pid}:") for fd in grown.fds)
+    # The count from listings alone (fd_count, the wait loops) agrees with the snapshot's
+    # readlinks, also while the driver opens more (settled: libzmq opens them in its thread).
+    assert resources.fd_count() == grown.fd_count > before.fd_count
+    peer_port = free_port()
+    peer = spec.build(f"127.0.0.1:{peer_port}", "127.0.0.1", peer_port)
+    node.connect(peer.local_id).send({"hello": 1})
+    settled = resources.wait_until_stable(quiet=0.1, timeout=3.0)
+    assert resources.fd_count() == settled.fd_count > grown.fd_count
+    peer.close()
     node.close()
     resources.wait_for_release(before, what="a closed driver transport", timeout=5.0)
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "ResourceSnapshot",
@@ -77,19 +77,25 @@ def supported() -> bool:
     return _fd_dir() is not None or _psutil_process() is not None
 
 
-#: What another part of the suite holds or runs elsewhere (see :func:`add_source`).
-Source = Callable[[], tuple[set[int], int, dict[str, str], int]]
+class Source(Protocol):
+    """What another part of the suite holds or runs elsewhere (see :func:`add_source`)."""
+
+    def __call__(self, *, targets: bool) -> tuple[set[int], int, dict[str, str], int]: ...
+
+
 _sources: list[Source] = []
 
 
 def add_source(source: Source) -> None:
     """Count resources that live outside this process, and leave out some that live in it.
 
-    ``source()`` returns ``(hidden_fds, hidden_threads, fds, threads)``: this
-    process's descriptors and number of threads that belong to the suite's
+    ``source(targets=...)`` returns ``(hidden_fds, hidden_threads, fds, threads)``:
+    this process's descriptors and number of threads that belong to the suite's
     machinery rather than to the implementation (left out), and the
     descriptors (keyed by any unique string) and threads the implementation
-    holds in other processes (added).
+    holds in other processes (added). With ``targets`` False the descriptors'
+    targets may be left empty: only their number is used (:func:`fd_count`,
+    the wait loops), and it must be cheap.
     """
     if source not in _sources:
         _sources.append(source)
@@ -100,7 +106,7 @@ def snapshot() -> ResourceSnapshot:
     fds: dict[int | str, str] = {fd: what for fd, what in _open_fds().items()}
     threads = _thread_count()
     for source in _sources:
-        hidden_fds, hidden_threads, extra_fds, extra_threads = source()
+        hidden_fds, hidden_threads, extra_fds, extra_threads = source(targets=True)
         for fd in hidden_fds:
             fds.pop(fd, None)
         fds.update(extra_fds)
@@ -194,7 +200,7 @@ def _counts(*, threads: bool = True) -> tuple[int, int]:
         fds = len(numbers) - 1
     tasks = _thread_count() if threads else 0
     for source in _sources:
-        hidden_fds, hidden_threads, extra_fds, extra_threads = source()
+        hidden_fds, hidden_threads, extra_fds, extra_threads = source(targets=False)
         fds += len(extra_fds) - len(hidden_fds & numbers if path is not None else hidden_fds)
         tasks += extra_threads - hidden_threads
     return fds, tasks
