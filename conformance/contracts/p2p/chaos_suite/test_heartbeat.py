@@ -189,7 +189,7 @@ def test_hb1_silent_partition_detected_on_both_sides_within_window(
 
 
 @pytest.mark.clause("HB-2")
-@pytest.mark.long(4)
+@pytest.mark.long(5)
 def test_hb2_latency_and_jitter_below_timeout_cause_no_false_death(
     chaos_cluster: ChaosCluster, zmq_transport_spec: TransportSpec, record_property: Recorder
 ) -> None:
@@ -354,6 +354,7 @@ def _blob(size: int, seed: int) -> bytes:
 
 
 @pytest.mark.clause("HB-6")
+@pytest.mark.long(1)
 @pytest.mark.parametrize("kind", ["slicer", "bandwidth"])
 def test_hb6_sliced_and_throttled_links_deliver_intact(
     chaos_cluster: ChaosCluster, zmq_transport_spec: TransportSpec, record_property: Recorder,

@@ -211,6 +211,7 @@ def test_proc1_short_pause_causes_no_death(
 
 
 @pytest.mark.clause("PROC-2")
+@pytest.mark.long(1.3)
 def test_proc2_resumed_node_learns_its_connections_died_and_both_converge(
     process_cluster: ProcessCluster, zmq_transport_spec: TransportSpec, record_property: Recorder
 ) -> None:

@@ -58,7 +58,6 @@ def _wait_for_message(
 
 
 @pytest.mark.clause("CONN-1")
-@pytest.mark.long(3)
 @profiles.suite_settings()
 @given(batch=st.lists(messages(max_leaves=6), min_size=1, max_size=5), land_first=st.booleans())
 def test_connect_returns_live_connection_and_delivers_before_remote_polls(

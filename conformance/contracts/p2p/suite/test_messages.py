@@ -60,7 +60,6 @@ def _built(
 
 
 @pytest.mark.clause("MSG-1")
-@pytest.mark.long(4)
 @profiles.suite_settings()
 @given(
     forward=st.lists(sized_messages(), min_size=1, max_size=4),
@@ -186,7 +185,7 @@ def _peer(kind: str, cluster: Cluster) -> Iterator[str]:
 
 @pytest.mark.clause("MSG-4")
 @pytest.mark.parametrize(
-    "kind", ["unreachable", pytest.param("stalled-tcp", marks=pytest.mark.long(3)), "never-polled"])
+    "kind", ["unreachable", "stalled-tcp", "never-polled"])
 def test_send_never_blocks_past_high_water_mark(
     zmq_transport_spec: TransportSpec, kind: str
 ) -> None:

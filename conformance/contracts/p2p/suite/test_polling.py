@@ -31,6 +31,7 @@ from conformance.supervision import watchdog
 
 
 @pytest.mark.clause("POLL-1", "MSG-2")
+@pytest.mark.long(1)
 @profiles.suite_settings()
 @given(
     counts=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=3),

@@ -70,7 +70,7 @@ def _send_hostile(
 
 
 @pytest.mark.clause("POLL-3", "SEC-1")
-@pytest.mark.long(3)
+@pytest.mark.long(1)
 @profiles.suite_settings()
 @given(
     identity=hostile_identities(),
@@ -210,7 +210,7 @@ def _honest_connection_lives(out: Connection, floods: Sequence[Flooder]) -> Iter
 
 
 @pytest.mark.clause("SEC-1")
-@pytest.mark.long(4)
+@pytest.mark.long(1)
 def test_flood_of_messages_does_not_stall_or_starve(zmq_transport_spec: TransportSpec) -> None:
     """Two flooding peers (processes) send garbage and valid-looking messages while an
     honest peer talks.
@@ -258,6 +258,7 @@ _LONG_TIMEOUT_MS = 10_000
 
 
 @pytest.mark.clause("SEC-1")
+@pytest.mark.long(1.5)
 def test_peer_that_fills_the_queue_then_vanishes_cannot_crash_the_node(
     zmq_transport_spec: TransportSpec,
 ) -> None:
@@ -311,7 +312,7 @@ def test_flood_of_connections_and_raw_tcp(zmq_transport_spec: TransportSpec) -> 
 
 
 @pytest.mark.clause("POLL-3")
-@pytest.mark.long(3)
+@pytest.mark.long(1)
 @profiles.suite_settings()
 @given(payload=hostile_payloads())
 def test_hostile_payloads_never_surface(zmq_transport_spec: TransportSpec, payload: bytes) -> None:
