@@ -658,7 +658,10 @@ class Cluster:
 
         Not a synchroniser: use it to open a window in which traffic lands
         at *other* nodes without them being polled, or to observe that
-        something does *not* happen within a bounded time.
+        something does *not* happen within a bounded time. Its rounds are
+        :data:`WINDOW_PAUSE_S` apart: every poll still takes all that landed,
+        and a node in a driver or process of its own answers each poll with
+        a round trip (these windows were most of a p2p run's 12,000 of them).
         """
         targets = list(nodes) if nodes is not None else self.open_nodes()
         deadline = time.monotonic() + seconds
@@ -666,7 +669,7 @@ class Cluster:
             for node in targets:
                 if not node.closed:
                     node.poll()
-            time.sleep(_POLL_PAUSE_S)
+            time.sleep(WINDOW_PAUSE_S)
 
     def settle(
         self, *, quiet: float = 0.05, timeout: float = 2.0, nodes: Iterable[Node] | None = None
