@@ -677,7 +677,9 @@ class Cluster:
         """Poll until no node reports a new inbound connection for ``quiet`` seconds.
 
         Returns the inbound connections reported meanwhile. Stops after
-        ``timeout`` even if connections keep arriving.
+        ``timeout`` even if connections keep arriving. A quiet window lets
+        time pass, so its rounds are :data:`WINDOW_PAUSE_S` apart, as
+        :meth:`drive`'s are.
         """
         targets = list(nodes) if nodes is not None else self.open_nodes()
         seen: list[Connection] = []
@@ -690,7 +692,7 @@ class Cluster:
                     if new:
                         seen.extend(new)
                         last_news = time.monotonic()
-            time.sleep(_POLL_PAUSE_S)
+            time.sleep(WINDOW_PAUSE_S)
         return seen
 
     def wait_until(
