@@ -726,6 +726,7 @@ cleanup.after_each_test(end_test)  # processes whose objects the test left open
 resources.add_source(resource_growth)  # a driver's descriptors and threads are its object's
 runqueue.add_pid_source(live_pids)  # a driver waiting for a CPU is a host stall's victim
 
+
 def processes() -> list[DriverProcess]:
     """The driver processes alive now, idle or busy (for the bridge's own tests)."""
     with _lock:

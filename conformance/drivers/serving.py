@@ -222,12 +222,12 @@ def let_waiting_threads_run() -> None:
     In-process nothing decodes between a caller's calls, so this is what makes the
     two measure alike.
 
-    Only where the process runs another Python thread (``threading`` knows every
-    thread that runs Python code, but a C thread that takes the lock without
-    ever asking ``threading`` who it is): with the main thread alone nobody can
-    be waiting, and the zero sleep is not free. Linux's timer slack makes it
-    50-80 us of wall time and about 18 us of CPU, two thirds of a p2p round trip
-    through the driver, whose reference runs no Python thread of its own.
+    It sleeps only while the process runs another Python thread, as ``threading``
+    counts them (every thread that runs Python code, except a C thread that takes
+    the lock without ever asking ``threading`` who it is). With the main thread
+    alone nobody can be waiting, and the zero sleep is not free: Linux's timer
+    slack makes it 50-80 us of wall time and about 18 us of CPU, two thirds of a
+    p2p round trip through the driver, whose reference runs no Python thread.
     """
     if threading.active_count() > 1:
         time.sleep(0)
