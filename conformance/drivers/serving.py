@@ -196,6 +196,13 @@ class TwoSidedService(Service):
                            if getattr(self.target, s, None) is not None]
         return answer
 
+    def _side(self, name: str) -> Any:
+        """The implementation's ``name`` factory; an ``unsupported`` refusal without one."""
+        side = getattr(self.target, name, None)
+        if side is None:
+            raise Refused("unsupported", f"the implementation has no {name}")
+        return side
+
 
 def _address_in_use(exc: BaseException) -> bool:
     seen: set[int] = set()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from conformance.drivers.behaviours import Request
-from conformance.drivers.serving import Refused, TwoSidedService, declared
+from conformance.drivers.serving import TwoSidedService, declared
 from reference_impl.control.interface import ClientClosed, RequestRejected, RequestTimeout
 
 __all__ = ["CONTROL_BEHAVIOURS", "CURVE_CLIENT_OPTIONS", "CURVE_SERVER_OPTIONS",
@@ -67,12 +67,6 @@ class ControlService(TwoSidedService):
         server = getattr(self.target, "server", None)
         answer["capabilities"] = declared(server) if server is not None else {}
         return answer
-
-    def _side(self, name: str) -> Any:
-        side = getattr(self.target, name, None)
-        if side is None:
-            raise Refused("unsupported", f"the implementation has no {name}")
-        return side
 
     def _construct_server(self, args: dict[str, Any]) -> Any:
         side = self._side("server")

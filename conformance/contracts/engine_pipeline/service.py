@@ -105,12 +105,6 @@ class PipelineService(TwoSidedService):
         answer["capabilities"] = dict(declared) if isinstance(declared, Mapping) else {}
         return answer
 
-    def _side(self, name: str) -> Any:
-        side = getattr(self.target, name, None)
-        if side is None:
-            raise Refused("unsupported", f"the implementation has no {name}")
-        return side
-
     # engine
 
     def _construct_engine(self, args: dict[str, Any]) -> Any:
