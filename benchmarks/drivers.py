@@ -133,8 +133,11 @@ def _children_cpu() -> float:
 
 
 def _run_suite(contract: str, *, driver: bool,
-               seed: int) -> tuple[float, float, dict[str, str], dict[str, float]]:
-    """Wall seconds, CPU seconds, verdicts and each test's seconds of one suite run.
+               seed: int) -> tuple[float, float, dict[str, str], dict[str, float],
+                                   dict[str, str]]:
+    """Wall seconds, CPU seconds, verdicts, each test's seconds and the reason of each
+    clause that did not pass (its first failing test's, for a verdict that differs) of one
+    suite run.
 
     The CPU time is the whole tree's: the CLI, its pytest workers, and every
     driver process and engine they started (each is reaped before the run ends,
@@ -155,7 +158,17 @@ def _run_suite(contract: str, *, driver: bool,
         verdicts = {cid: str(entry["verdict"]) for cid, entry in data["clauses"].items()}
         tests = {str(test["nodeid"]).split("::")[-1]: float(test.get("duration_s") or 0.0)
                  for entry in data["clauses"].values() for test in entry.get("tests", ())}
-        return wall, cpu, verdicts, tests
+        reasons = {cid: _reason(entry) for cid, entry in data["clauses"].items()
+                   if entry["verdict"] not in ("passed", "skipped")}
+        return wall, cpu, verdicts, tests, reasons
+
+
+def _reason(entry: dict[str, Any]) -> str:
+    """Why a clause did not pass: its own reason, else its first test's that has one."""
+    found = [str(entry.get("reason") or "")]
+    found += [f"{test['nodeid']}: {test['reason']}" for test in entry.get("tests", ())
+              if test.get("reason")]
+    return next((r for r in found if r), "")[:2000]
 
 
 def per_contract(contracts: list[str], repeats: int,
@@ -170,21 +183,25 @@ def per_contract(contracts: list[str], repeats: int,
         for trial in range(repeats):
             seed = 1000 + trial
             verdicts: dict[str, dict[str, str]] = {}
+            reasons: dict[str, dict[str, str]] = {}
             for mode in ("in-process", "driver"):
                 progress(f"{contract}: {mode}, trial {trial + 1}/{repeats}")
-                wall, cpu, verdicts[mode], seconds = _run_suite(
+                wall, cpu, verdicts[mode], seconds, reasons[mode] = _run_suite(
                     contract, driver=mode == "driver", seed=seed)
                 for test, took in seconds.items():
                     tests[mode].setdefault(test, []).append(took)
                 walls[mode].append(wall)
                 cpus[mode].append(cpu)
                 loads.append(os.getloadavg()[0])
-            differences += [
-                f"seed {seed}: {cid} {verdicts['in-process'].get(cid)} in-process, "
-                f"{verdicts['driver'].get(cid)} through the driver"
-                for cid in sorted(set(verdicts["in-process"]) | set(verdicts["driver"]))
-                if verdicts["in-process"].get(cid) != verdicts["driver"].get(cid)
-            ]
+            for cid in sorted(set(verdicts["in-process"]) | set(verdicts["driver"])):
+                if verdicts["in-process"].get(cid) == verdicts["driver"].get(cid):
+                    continue
+                why = "; ".join(f"{mode}: {reasons[mode][cid]}" for mode in reasons
+                                if reasons[mode].get(cid))
+                differences.append(
+                    f"seed {seed}: {cid} {verdicts['in-process'].get(cid)} in-process, "
+                    f"{verdicts['driver'].get(cid)} through the driver"
+                    + (f" ({why})" if why else ""))
         inproc, driven = Spread.of(walls["in-process"]), Spread.of(walls["driver"])
         out[contract] = {
             "in-process wall s": walls["in-process"],
