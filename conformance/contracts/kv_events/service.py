@@ -92,9 +92,7 @@ class PublisherService(_KVService):
     def _publisher_publish(self, obj: Any, batch: Any) -> None:
         started = time.perf_counter_ns()
         try:
-            typed = msgspec.convert(batch, KVEventBatch)
-        except msgspec.ValidationError as exc:
-            raise Refused("invalid", f"not a KVEventBatch: {exc}") from None
+            typed = _as_batch(batch)
         finally:
             self.overhead_ns += time.perf_counter_ns() - started
         obj.publish(typed)
